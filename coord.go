@@ -1,0 +1,81 @@
+// Package coord gives a fleet of agents the primitives to coordinate
+// high-availability work across hosts, on etcd v3: host liveness, a watcher
+// of the live hosts, and per-key leader election.
+//
+// The caller owns the *clientv3.Client: coord never dials, never closes it
+// and opens no connection of its own. Closing the client ends everything
+// built on it.
+//
+// # Key layout
+//
+// A host lives at <prefix><HostUUID> (prefix HostsPrefix, "/coord/hosts/", by
+// default), its value the JSON of HostMetadata, attached to the host's lease.
+// A prefix ends in "/"; the prefix key itself is never a host.
+//
+// An election is an etcd-concurrency election on its key K: candidates are
+// K/<lease id in hex>, the leader is the candidate with the lowest create
+// revision. Programs using go.etcd.io/etcd/client/v3/concurrency and
+// "etcdctl elect K" take part in the same elections. Election keys must not be
+// nested in one another (K and K/x), as in etcd's own package.
+//
+// # Guarantees
+//
+//   - A registered host's key exists while its process renews the lease; when
+//     the process dies the key goes once the lease expires (TTL plus etcd's
+//     expiry check, up to about 500ms), and at once after Stop.
+//   - A registration heals by itself: if its lease expires or is revoked, or
+//     its key is deleted, it registers again under a new lease with the latest
+//     metadata. It never overwrites a key held by another lease: it ends with
+//     ErrHostExists instead.
+//   - A HostWatcher's events let a consumer keep an exact replica of the set
+//     of hosts: a snapshot, then every change, with no gap and no duplicate,
+//     across compactions, broken watches, etcd restarts and partitions (after
+//     which only the differences are emitted, as synthetic events).
+//   - At most one candidate of an election believes it leads at a time,
+//     provided clocks run at the same rate: a leader cut off from etcd steps
+//     down once its renewals have gone unanswered for two thirds of the TTL,
+//     before etcd can expire its lease. Fencing tokens of successive leaders
+//     strictly increase; Guard turns that into a Txn condition.
+//
+// # Not guaranteed
+//
+//   - Events are not delivered in real time to a consumer that does not read
+//     them: they queue in memory, in order, without limit.
+//   - A watcher sees states, not every write: a value that is not valid
+//     HostMetadata JSON counts as no host (it is logged and skipped).
+//   - Leadership is a lease, not a lock on the world: act on etcd under
+//     Guard, or check Done, to fence work done elsewhere.
+package coord
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+)
+
+// HostMetadata is what a host publishes about itself, as JSON, at its key.
+type HostMetadata struct {
+	HostUUID   string            `json:"host_uuid"`
+	Hostname   string            `json:"hostname,omitempty"`
+	Hypervisor string            `json:"hypervisor,omitempty"`
+	Version    string            `json:"version,omitempty"`
+	StartedAt  int64             `json:"started_at_unix_ns,omitempty"`
+	Labels     map[string]string `json:"labels,omitempty"`
+}
+
+// decodeHost decodes the value found at key under prefix. A value that is
+// not HostMetadata JSON, or names another host than its key, is an error.
+func decodeHost(prefix string, key, value []byte) (HostMetadata, error) {
+	id := strings.TrimPrefix(string(key), prefix)
+	var m HostMetadata
+	if err := checkHostUUID(id); err != nil {
+		return m, err
+	}
+	if err := json.Unmarshal(value, &m); err != nil {
+		return m, fmt.Errorf("coord: decode host %q: %w", id, err)
+	}
+	if m.HostUUID != id {
+		return m, fmt.Errorf("coord: decode host %q: value names host %q", id, m.HostUUID)
+	}
+	return m, nil
+}

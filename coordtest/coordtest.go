@@ -1,0 +1,691 @@
+// Package coordtest provides an embedded single-member etcd server, an
+// embedded multi-member etcd cluster whose members can be stopped, restarted
+// and isolated (see Cluster), and a fault-injecting TCP proxy for tests, in
+// the spirit of net/http/httptest.
+//
+// A Server runs in-process on free loopback ports with its data in
+// t.TempDir(). Outside a test (runnable examples, demos, tools), Start starts
+// one with its data in a given directory, and Close stops it. It is tuned
+// for tests: a 10 ms heartbeat and a 100 ms
+// election timeout (so the smallest lease TTL etcd grants is 1 s), no
+// fsync, no auto-compaction, no metrics listener, no gRPC gateway and no
+// logging (see Config).
+//
+// Lifetime contract: everything a Server or Proxy creates (the etcd server,
+// the clients handed out, the proxies and their connections) is released by
+// t.Cleanup functions, or by Server.Close, and once those have run no
+// goroutine started by them remains, so the package can be used together
+// with goleak.VerifyTestMain. (A deferred goleak.VerifyNone(t) runs before
+// t.Cleanup, so it would see the server still running; register it with
+// t.Cleanup before calling NewServer instead, or use VerifyTestMain.)
+//
+// Failure contract: methods documented to fail the test do so with the
+// testing.TB given to NewServer (or NewProxy) by calling its Fatal method;
+// like testing.T.FailNow, they must then be called from the goroutine running
+// that test. On a Server created by Start they panic instead, with the
+// message the test would have printed. All methods are safe for concurrent
+// use.
+package coordtest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.etcd.io/etcd/server/v3/storage/mvcc"
+	"go.uber.org/zap"
+	"golang.org/x/crypto/bcrypt"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// Default timing of a Server, used for the zero fields of Config.
+const (
+	// DefaultTickMs is the raft heartbeat interval in milliseconds.
+	DefaultTickMs = 10
+	// DefaultElectionMs is the raft election timeout in milliseconds. With
+	// DefaultTickMs it makes etcd's minimum lease TTL 1 s.
+	DefaultElectionMs = 100
+	// ClientDialTimeout is the DialTimeout of the client configurations
+	// returned by Server.ClientConfig and Proxy.ClientConfig.
+	ClientDialTimeout = 5 * time.Second
+)
+
+const (
+	// readyTimeout bounds the wait for a started server to become ready.
+	// Generous because tests also run under slow emulation.
+	readyTimeout = 30 * time.Second
+	// rebindTimeout bounds how long Restart keeps retrying while the old
+	// ports are still in use.
+	rebindTimeout = 5 * time.Second
+	// rebindPoll is the interval between those retries.
+	rebindPoll = 20 * time.Millisecond
+	// portAttempts is how many sets of fresh ports NewServer and NewProxy
+	// try before giving up.
+	portAttempts = 5
+)
+
+// Config tunes a Server, or the members of a Cluster. The zero value gives
+// the defaults.
+type Config struct {
+	// TickMs is the raft heartbeat interval in milliseconds.
+	// Zero means DefaultTickMs.
+	TickMs uint
+	// ElectionMs is the raft election timeout in milliseconds; it must be at
+	// least 5*TickMs. Zero means 10*TickMs (DefaultElectionMs with the
+	// default TickMs). etcd's minimum lease TTL is
+	// ceil(1.5*ElectionMs / 1000) seconds.
+	ElectionMs uint
+	// Logger receives the embedded server's logs. Nil means zap.NewNop().
+	// A zaptest logger is fine: the server logs nothing after its cleanup.
+	Logger *zap.Logger
+}
+
+func (c Config) withDefaults() Config {
+	if c.TickMs == 0 {
+		c.TickMs = DefaultTickMs
+	}
+	if c.ElectionMs == 0 {
+		c.ElectionMs = 10 * c.TickMs
+	}
+	if c.Logger == nil {
+		c.Logger = zap.NewNop()
+	}
+	return c
+}
+
+// Server is an embedded single-member etcd listening on loopback ports, with
+// its data in a subdirectory of t.TempDir() (of the directory given to Start
+// outside a test). Create it with NewServer or NewServerWith in a test, with
+// Start elsewhere. Its client and peer ports and its data directory are
+// fixed for its whole life, across Stop and Restart.
+type Server struct {
+	f         failer // the test's testing.TB, or a panicker after Start
+	cfg       Config
+	dir       string
+	clientURL url.URL
+	peerURL   url.URL
+
+	// lifeMu serialises starting and stopping and guards the fields below.
+	lifeMu   sync.Mutex
+	etcd     *embed.Etcd        // nil while stopped
+	stopRPCs context.CancelFunc // aborts the running incarnation's RPCs
+	done     bool               // Close has run; never start again
+
+	closeOnce sync.Once
+
+	// mu guards the fields below.
+	mu      sync.Mutex
+	closed  bool // Close has started; hand out nothing more
+	shared  *clientv3.Client
+	clients []*clientCloser
+	proxies []*Proxy
+}
+
+// NewServer starts a Server with the default Config and waits until it is
+// ready to serve. See NewServerWith.
+func NewServer(t testing.TB) *Server {
+	t.Helper()
+	return NewServerWith(t, Config{})
+}
+
+// NewServerWith starts a Server tuned by cfg and waits (up to 30 s) until it
+// is ready to serve. It fails the test with t.Fatal if the server cannot be
+// started. A t.Cleanup calls Close: it closes every client and proxy created
+// through the Server and then stops the server.
+func NewServerWith(t testing.TB, cfg Config) *Server {
+	t.Helper()
+	base := t.TempDir() // before our Cleanup, so the dir outlives the server
+	s := &Server{f: t, cfg: cfg.withDefaults()}
+	t.Cleanup(s.Close)
+	if err := s.start(base); err != nil {
+		t.Fatalf("coordtest: %v", err)
+	}
+	return s
+}
+
+// Start starts a Server tuned by cfg outside a test (a runnable example, a
+// demo, a tool) and waits (up to 30 s) until it is ready to serve. Its data
+// lives in a new subdirectory of dir, which is created if needed and may
+// hold other files; the caller removes dir once done. The caller must Close
+// the Server.
+//
+// Start returns an error if the server cannot be started. Afterwards, the
+// methods documented to fail the test panic instead, with the same message:
+// outside a test, their failures are programming errors or a broken host.
+// Methods that take a testing.TB (NewClient, NewProxy) still report to it;
+// without one, use Client or NewClientE.
+func Start(dir string, cfg Config) (*Server, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("coordtest: creating data directory: %w", err)
+	}
+	s := &Server{f: panicker{}, cfg: cfg.withDefaults()}
+	if err := s.start(dir); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("coordtest: %w", err)
+	}
+	return s, nil
+}
+
+// start picks free loopback ports and a fresh data directory in base and
+// starts the server there, trying again on other ports if one was taken
+// meanwhile.
+func (s *Server) start(base string) error {
+	s.lifeMu.Lock()
+	defer s.lifeMu.Unlock()
+	var err error
+	for attempt := 0; attempt < portAttempts; attempt++ {
+		var ports []int
+		if ports, err = freeLoopbackPorts(2); err != nil {
+			break
+		}
+		s.clientURL = loopbackURL("http", ports[0])
+		s.peerURL = loopbackURL("http", ports[1])
+		// A fresh directory per attempt: a failed attempt may leave files,
+		// and base may hold an earlier server's data.
+		if s.dir, err = os.MkdirTemp(base, "etcd-"); err != nil {
+			break
+		}
+		if err = s.startLocked(); err == nil {
+			return nil
+		}
+		_ = os.RemoveAll(s.dir)
+		if !isAddrInUse(err) {
+			break
+		}
+	}
+	return fmt.Errorf("starting etcd: %w", err)
+}
+
+// Endpoint returns the client URL of the server, "http://127.0.0.1:PORT". It
+// does not change across Stop and Restart.
+func (s *Server) Endpoint() string {
+	return s.clientURL.String()
+}
+
+// ClientConfig returns a configuration for a client of this server: its
+// Endpoint, a DialTimeout of ClientDialTimeout, a no-op Logger, default
+// keepalive settings, and gRPC dial options for prompt reconnection: a
+// reconnect backoff capped at 500 ms (gRPC's default cap is 120 s) and a
+// 1 s connection-attempt timeout (default 20 s; a Proxy in front of a
+// stopped server accepts connections and leaves them hanging). Callers may
+// adjust it and pass it to clientv3.New themselves; they then own the client
+// and must close it.
+func (s *Server) ClientConfig() clientv3.Config {
+	return clientConfig(s.Endpoint())
+}
+
+// Client returns a client of this server shared by all its callers. It is
+// created on the first call and closed by the Server's Close (its cleanup);
+// callers must not close it. It fails the test if called after Close has
+// started.
+func (s *Server) Client() *clientv3.Client {
+	s.f.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		s.f.Fatalf("coordtest: Server.Client called after the server was closed")
+	}
+	if s.shared == nil {
+		c, err := clientv3.New(s.ClientConfig())
+		if err != nil {
+			s.f.Fatalf("coordtest: creating client of %s: %v", s.Endpoint(), err)
+		}
+		s.shared = c
+		s.clients = append(s.clients, &clientCloser{c: c})
+	}
+	return s.shared
+}
+
+// NewClient returns a new client of this server with its own connection. It
+// is closed by a t.Cleanup, or by the Server's Close if that runs first;
+// closing it earlier as well is harmless. It fails the test (through t) on
+// error.
+func (s *Server) NewClient(t testing.TB) *clientv3.Client {
+	t.Helper()
+	c, err := newTrackedClient(s.ClientConfig(), s)
+	if err != nil {
+		t.Fatalf("coordtest: %v", err)
+	}
+	t.Cleanup(c.close)
+	return c.c
+}
+
+// NewClientE is NewClient for callers without a testing.TB (examples,
+// demos): it returns a new client of this server with its own connection,
+// closed by the Server's Close; closing it earlier as well is harmless. It
+// returns an error where NewClient would fail the test, including after
+// Close has started.
+func (s *Server) NewClientE() (*clientv3.Client, error) {
+	c, err := newTrackedClient(s.ClientConfig(), s)
+	if err != nil {
+		return nil, fmt.Errorf("coordtest: %w", err)
+	}
+	return c.c, nil
+}
+
+// Stop stops the server: it aborts in-flight requests and streams with
+// codes.Unavailable (as a crashed server would, so clients retry rather than
+// give up), closes its connections and listeners, and returns when the
+// server is fully shut down. Clients stay open and reconnect after Restart.
+// Stop is idempotent.
+//
+// Leases do not expire while the server is stopped: on restart etcd renews
+// every lease for its full TTL. To make a client's lease expire, cut the
+// client off with a Proxy instead.
+func (s *Server) Stop() {
+	s.lifeMu.Lock()
+	defer s.lifeMu.Unlock()
+	s.stopLocked()
+}
+
+// Restart stops the server if it is running and starts it again on the same
+// data directory and ports, so existing clients reconnect by themselves. It
+// returns once the server is ready to serve. If a port is still in use it
+// retries for up to 5 s. It fails the test on error, including when called
+// after Close.
+func (s *Server) Restart() {
+	s.f.Helper()
+	s.lifeMu.Lock()
+	defer s.lifeMu.Unlock()
+	if s.done {
+		s.f.Fatalf("coordtest: Server.Restart called after the server was closed")
+	}
+	s.stopLocked()
+	deadline := time.Now().Add(rebindTimeout)
+	for {
+		err := s.startLocked()
+		if err == nil {
+			return
+		}
+		if !isAddrInUse(err) || time.Now().After(deadline) {
+			s.f.Fatalf("coordtest: restarting etcd: %v", err)
+		}
+		time.Sleep(rebindPoll)
+	}
+}
+
+// Revision returns the current revision of the store, read linearizably. It
+// fails the test if the server is stopped or the read fails (e.g. ctx ends).
+func (s *Server) Revision(ctx context.Context) int64 {
+	s.f.Helper()
+	s.lifeMu.Lock()
+	defer s.lifeMu.Unlock()
+	rev, err := s.revisionLocked(ctx)
+	if err != nil {
+		s.f.Fatalf("coordtest: %v", err)
+	}
+	return rev
+}
+
+// Compact compacts the store at its current revision and waits until the
+// compaction is physically applied; it returns that revision. After it,
+// reading or watching from an earlier revision fails with ErrCompacted.
+// Compacting again at an already compacted revision is not an error. It
+// fails the test if the server is stopped or the compaction fails.
+func (s *Server) Compact(ctx context.Context) int64 {
+	s.f.Helper()
+	s.lifeMu.Lock()
+	defer s.lifeMu.Unlock()
+	rev, err := s.revisionLocked(ctx)
+	if err != nil {
+		s.f.Fatalf("coordtest: %v", err)
+	}
+	_, err = s.etcd.Server.Compact(ctx, &pb.CompactionRequest{Revision: rev, Physical: true})
+	if err != nil && !errors.Is(err, mvcc.ErrCompacted) {
+		s.f.Fatalf("coordtest: compacting at revision %d: %v", rev, err)
+	}
+	return rev
+}
+
+func (s *Server) revisionLocked(ctx context.Context) (int64, error) {
+	if s.etcd == nil {
+		return 0, errors.New("reading revision: server is stopped")
+	}
+	resp, err := s.etcd.Server.Range(ctx, &pb.RangeRequest{Key: []byte{0}, Limit: 1})
+	if err != nil {
+		return 0, fmt.Errorf("reading revision: %w", err)
+	}
+	return resp.Header.Revision, nil
+}
+
+// startLocked starts an etcd on s.dir, s.clientURL and s.peerURL and waits
+// until it is ready. lifeMu must be held and the server stopped.
+func (s *Server) startLocked() error {
+	e, stopRPCs, err := startEtcd(s.spec())
+	if err != nil {
+		return err
+	}
+	if err := waitReady(e, s.Endpoint(), time.Now().Add(readyTimeout)); err != nil {
+		stopEtcd(e, stopRPCs, false)
+		return err
+	}
+	s.etcd, s.stopRPCs = e, stopRPCs
+	return nil
+}
+
+// stopLocked stops the running etcd, if any. lifeMu must be held.
+func (s *Server) stopLocked() {
+	if s.etcd == nil {
+		return
+	}
+	stopEtcd(s.etcd, s.stopRPCs, false)
+	s.etcd, s.stopRPCs = nil, nil
+}
+
+func (s *Server) spec() memberSpec {
+	return memberSpec{cfg: s.cfg, dir: s.dir, clientURL: s.clientURL, peerURL: s.peerURL}
+}
+
+// memberSpec describes an embedded etcd member: a Server, or a member of a
+// Cluster.
+type memberSpec struct {
+	cfg       Config
+	name      string // "" means embed's default name
+	dir       string
+	clientURL url.URL
+	peerURL   url.URL // the peer listener
+	// advertisePeerURL is the peer URL announced to the cluster; the zero
+	// value means peerURL.
+	advertisePeerURL url.URL
+	// initialCluster and clusterToken bootstrap a multi-member cluster; an
+	// empty initialCluster means a single-member cluster of this member.
+	initialCluster string
+	clusterToken   string
+}
+
+func (sp memberSpec) endpoint() string { return sp.clientURL.String() }
+
+func (sp memberSpec) embedConfig(rpcCtx context.Context) *embed.Config {
+	cfg := embed.NewConfig()
+	if sp.name != "" {
+		cfg.Name = sp.name
+	}
+	cfg.Dir = sp.dir
+	cfg.TickMs = sp.cfg.TickMs
+	cfg.ElectionMs = sp.cfg.ElectionMs
+	cfg.ListenClientUrls = []url.URL{sp.clientURL}
+	cfg.AdvertiseClientUrls = []url.URL{sp.clientURL}
+	cfg.ListenPeerUrls = []url.URL{sp.peerURL}
+	cfg.AdvertisePeerUrls = []url.URL{sp.peerURL}
+	if sp.advertisePeerURL.Host != "" {
+		cfg.AdvertisePeerUrls = []url.URL{sp.advertisePeerURL}
+	}
+	if sp.initialCluster != "" {
+		cfg.InitialCluster = sp.initialCluster
+		cfg.InitialClusterToken = sp.clusterToken
+	} else {
+		cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	}
+	cfg.ListenMetricsUrls = nil
+	cfg.UnsafeNoFsync = true
+	// Password hashing at its cheapest: tests with auth log users in often.
+	cfg.BcryptCost = uint(bcrypt.MinCost)
+	cfg.AutoCompactionRetention = "0"
+	cfg.EnableGRPCGateway = false
+	cfg.Logger = "zap"
+	cfg.LogLevel = "error"
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(sp.cfg.Logger)
+	cfg.GRPCAdditionalServerOptions = []grpc.ServerOption{
+		grpc.ChainUnaryInterceptor(abortUnary(rpcCtx)),
+		grpc.ChainStreamInterceptor(abortStream(rpcCtx)),
+		// Make gRPC's Stop wait for method handlers, so no handler
+		// goroutine outlives Etcd.Close.
+		grpc.WaitForHandlers(true),
+	}
+	return cfg
+}
+
+// startEtcd starts an embedded etcd as described by sp, without waiting for
+// it to become ready. The returned function aborts its in-flight RPCs; pass
+// both to stopEtcd.
+func startEtcd(sp memberSpec) (*embed.Etcd, context.CancelFunc, error) {
+	rpcCtx, stopRPCs := context.WithCancel(context.Background())
+	e, err := embed.StartEtcd(sp.embedConfig(rpcCtx))
+	if err != nil {
+		stopRPCs()
+		return nil, nil, fmt.Errorf("starting embedded etcd on %s: %w", sp.endpoint(), err)
+	}
+	return e, stopRPCs, nil
+}
+
+// waitReady waits until e is ready to serve, it fails, or the deadline
+// passes. On error the caller must still stop e.
+func waitReady(e *embed.Etcd, endpoint string, deadline time.Time) error {
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	select {
+	case <-e.Server.ReadyNotify():
+		return nil
+	case err := <-e.Err():
+		return fmt.Errorf("embedded etcd on %s failed before becoming ready: %v", endpoint, err)
+	case <-e.Server.StopNotify():
+		return fmt.Errorf("embedded etcd on %s stopped before becoming ready", endpoint)
+	case <-timer.C:
+		return fmt.Errorf("embedded etcd on %s not ready after %v", endpoint, readyTimeout)
+	}
+}
+
+// stopEtcd stops an etcd started by startEtcd and returns once it is fully
+// shut down. With hard set it stops the way a crash would, without first
+// handing its raft leadership over (etcd's graceful stop does that, and it
+// may wait its request timeout, over 5 s, when no peer takes over).
+func stopEtcd(e *embed.Etcd, stopRPCs context.CancelFunc, hard bool) {
+	// Abort in-flight RPCs first: Etcd.Close stops gRPC gracefully and would
+	// otherwise wait its full request timeout (over 5 s) for open watch and
+	// lease keepalive streams.
+	stopRPCs()
+	if hard {
+		// Etcd.Close still attempts the leadership transfer, but on a
+		// stopped server that gives up at once.
+		e.Server.HardStop()
+	}
+	e.Close() // returns once the server and all its handlers are done
+}
+
+// Close closes every client and proxy handed out by the server, then stops
+// it, and returns once none of their goroutines remains. The server cannot
+// be restarted afterwards, and its data stays in its directory. Close is
+// idempotent and safe to call concurrently: every call returns once the
+// first is done. A Server from NewServer need not be closed: a t.Cleanup
+// does it, and closing it earlier as well is harmless.
+func (s *Server) Close() {
+	s.closeOnce.Do(s.close)
+}
+
+func (s *Server) close() {
+	s.mu.Lock()
+	s.closed = true
+	clients, proxies := s.clients, s.proxies
+	s.clients, s.proxies = nil, nil
+	s.mu.Unlock()
+
+	for _, c := range clients {
+		c.close()
+	}
+	s.lifeMu.Lock()
+	s.done = true
+	s.stopLocked()
+	s.lifeMu.Unlock()
+	// Proxies last: with the server gone, no connection through a proxy can
+	// keep its Close waiting.
+	for _, p := range proxies {
+		p.close()
+	}
+}
+
+// register records a client to close at Close. It fails if Close has
+// started.
+func (s *Server) register(c *clientCloser) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errors.New("client requested after the server was closed")
+	}
+	s.clients = append(s.clients, c)
+	return nil
+}
+
+func (s *Server) registerProxy(p *Proxy) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return errors.New("proxy requested after the server was closed")
+	}
+	s.proxies = append(s.proxies, p)
+	return nil
+}
+
+// clientCloser closes a client once, however many owners ask.
+type clientCloser struct {
+	once sync.Once
+	c    *clientv3.Client
+}
+
+func (c *clientCloser) close() {
+	// Client.Close reports the cancellation of its own context even on
+	// success; there is nothing useful to do with its error here.
+	c.once.Do(func() { _ = c.c.Close() })
+}
+
+// newTrackedClient creates a client from cfg and registers it with each
+// owner, to be closed when the first of them cleans up.
+func newTrackedClient(cfg clientv3.Config, owners ...interface{ register(*clientCloser) error }) (*clientCloser, error) {
+	cli, err := clientv3.New(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("creating client of %v: %w", cfg.Endpoints, err)
+	}
+	c := &clientCloser{c: cli}
+	for _, o := range owners {
+		if err := o.register(c); err != nil {
+			c.close()
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+func clientConfig(endpoints ...string) clientv3.Config {
+	return clientv3.Config{
+		Endpoints:   endpoints,
+		DialTimeout: ClientDialTimeout,
+		Logger:      zap.NewNop(),
+		DialOptions: []grpc.DialOption{
+			grpc.WithConnectParams(grpc.ConnectParams{
+				Backoff: backoff.Config{
+					BaseDelay:  50 * time.Millisecond,
+					Multiplier: 1.6,
+					Jitter:     0.2,
+					MaxDelay:   500 * time.Millisecond,
+				},
+				MinConnectTimeout: time.Second,
+			}),
+		},
+	}
+}
+
+// abortUnary returns an interceptor that cancels unary calls when ctx ends
+// and then reports them (and any later call) as codes.Unavailable.
+func abortUnary(ctx context.Context) grpc.UnaryServerInterceptor {
+	return func(rctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if ctx.Err() != nil {
+			return nil, errStopping()
+		}
+		rctx, cancel := context.WithCancel(rctx)
+		stop := context.AfterFunc(ctx, cancel)
+		defer func() {
+			stop()
+			cancel()
+		}()
+		resp, err := handler(rctx, req)
+		if err != nil && ctx.Err() != nil {
+			return nil, errStopping()
+		}
+		return resp, err
+	}
+}
+
+// abortStream is abortUnary for streams.
+func abortStream(ctx context.Context) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if ctx.Err() != nil {
+			return errStopping()
+		}
+		sctx, cancel := context.WithCancel(ss.Context())
+		stop := context.AfterFunc(ctx, cancel)
+		defer func() {
+			stop()
+			cancel()
+		}()
+		err := handler(srv, ctxServerStream{ServerStream: ss, ctx: reasonCtx{Context: sctx, parent: ss.Context()}})
+		if ctx.Err() != nil {
+			return errStopping()
+		}
+		return err
+	}
+}
+
+func errStopping() error {
+	return status.Error(codes.Unavailable, "coordtest: etcd server is stopping")
+}
+
+type ctxServerStream struct {
+	grpc.ServerStream
+	ctx context.Context
+}
+
+func (s ctxServerStream) Context() context.Context { return s.ctx }
+
+// reasonCtx is a context derived from parent whose Err reports parent's
+// error once parent is done. etcd cancels the streams of a member that lost
+// its leader through a context whose Err is rpctypes.ErrGRPCNoLeader, and
+// its handlers pass that error on to the client; a plain derived context
+// would report context.Canceled instead.
+type reasonCtx struct {
+	context.Context
+	parent context.Context
+}
+
+func (c reasonCtx) Err() error {
+	if err := c.parent.Err(); err != nil {
+		return err
+	}
+	return c.Context.Err()
+}
+
+// freeLoopbackPorts returns n distinct TCP ports that were free on 127.0.0.1
+// a moment ago.
+func freeLoopbackPorts(n int) ([]int, error) {
+	ports := make([]int, 0, n)
+	for i := 0; i < n; i++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("picking a free loopback port: %w", err)
+		}
+		// Keep it open until all are picked, so they are distinct.
+		defer l.Close()
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+func loopbackURL(scheme string, port int) url.URL {
+	return url.URL{Scheme: scheme, Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(port))}
+}
+
+func isAddrInUse(err error) bool {
+	return errors.Is(err, syscall.EADDRINUSE)
+}

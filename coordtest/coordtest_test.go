@@ -1,0 +1,395 @@
+package coordtest
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// testCtx returns a context bounded by a generous deadline, cancelled at the
+// end of the test.
+func testCtx(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// eventually calls f with a short per-attempt deadline until it succeeds or
+// ctx ends, and returns the last error.
+func eventually(ctx context.Context, f func(ctx context.Context) error) error {
+	for {
+		actx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		err := f(actx)
+		cancel()
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+	}
+}
+
+func getValue(ctx context.Context, c *clientv3.Client, key string) (string, error) {
+	resp, err := c.Get(ctx, key)
+	if err != nil {
+		return "", err
+	}
+	if len(resp.Kvs) != 1 {
+		return "", errors.New("key " + key + " not found")
+	}
+	return string(resp.Kvs[0].Value), nil
+}
+
+func TestPutGet(t *testing.T) {
+	ctx := testCtx(t)
+	s := NewServer(t)
+	if ep := s.Endpoint(); !strings.HasPrefix(ep, "http://127.0.0.1:") {
+		t.Errorf("Endpoint() = %q, want http://127.0.0.1:PORT", ep)
+	}
+	if s.Client() != s.Client() {
+		t.Error("Client() returned different clients")
+	}
+	if _, err := s.Client().Put(ctx, "k", "v"); err != nil {
+		t.Fatalf("Put: %v", err)
+	}
+	other := s.NewClient(t)
+	if other == s.Client() {
+		t.Error("NewClient returned the shared client")
+	}
+	if got, err := getValue(ctx, other, "k"); err != nil || got != "v" {
+		t.Fatalf("Get = %q, %v; want v", got, err)
+	}
+	// A user-built client from ClientConfig works too.
+	mine, err := clientv3.New(s.ClientConfig())
+	if err != nil {
+		t.Fatalf("clientv3.New: %v", err)
+	}
+	defer mine.Close()
+	if got, err := getValue(ctx, mine, "k"); err != nil || got != "v" {
+		t.Fatalf("Get = %q, %v; want v", got, err)
+	}
+	// Closing a NewClient client early is harmless; cleanup closes it again.
+	if err := other.Close(); err != nil && !errors.Is(err, context.Canceled) {
+		t.Errorf("Close: %v", err)
+	}
+}
+
+func TestMinimumLeaseTTL(t *testing.T) {
+	ctx := testCtx(t)
+	s := NewServer(t)
+	resp, err := s.Client().Grant(ctx, 1)
+	if err != nil {
+		t.Fatalf("Grant: %v", err)
+	}
+	if resp.TTL != 1 {
+		t.Fatalf("Grant(1).TTL = %d, want 1 (minimum TTL too large?)", resp.TTL)
+	}
+}
+
+func TestRevisionAndCompact(t *testing.T) {
+	ctx := testCtx(t)
+	s := NewServer(t)
+	c := s.Client()
+	first, err := c.Put(ctx, "k", "1")
+	if err != nil {
+		t.Fatalf("Put: %v", err)
+	}
+	old := first.Header.Revision
+	last, err := c.Put(ctx, "k", "2")
+	if err != nil {
+		t.Fatalf("Put: %v", err)
+	}
+	if got := s.Revision(ctx); got != last.Header.Revision {
+		t.Fatalf("Revision() = %d, want %d", got, last.Header.Revision)
+	}
+	rev := s.Compact(ctx)
+	if rev != last.Header.Revision {
+		t.Fatalf("Compact() = %d, want %d", rev, last.Header.Revision)
+	}
+	if again := s.Compact(ctx); again != rev {
+		t.Fatalf("second Compact() = %d, want %d", again, rev)
+	}
+
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wresp, ok := <-c.Watch(wctx, "k", clientv3.WithRev(old))
+	if !ok {
+		t.Fatal("watch channel closed without a response")
+	}
+	if !errors.Is(wresp.Err(), rpctypes.ErrCompacted) {
+		t.Fatalf("watch from compacted revision %d: err = %v, want ErrCompacted", old, wresp.Err())
+	}
+	if wresp.CompactRevision != rev {
+		t.Errorf("CompactRevision = %d, want %d", wresp.CompactRevision, rev)
+	}
+	if _, err := c.Get(ctx, "k", clientv3.WithRev(old)); !errors.Is(err, rpctypes.ErrCompacted) {
+		t.Errorf("Get at compacted revision: err = %v, want ErrCompacted", err)
+	}
+}
+
+func TestStopRestart(t *testing.T) {
+	ctx := testCtx(t)
+	s := NewServer(t)
+	c := s.NewClient(t)
+	put, err := c.Put(ctx, "k", "v")
+	if err != nil {
+		t.Fatalf("Put: %v", err)
+	}
+	// A watch open across the restart must survive it: Stop reports
+	// Unavailable, which the client retries, rather than cancelling it.
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	wch := c.Watch(wctx, "w", clientv3.WithRev(put.Header.Revision+1))
+
+	start := time.Now()
+	s.Stop()
+	// Without aborting the open watch stream, etcd's graceful shutdown
+	// would wait for its request timeout (5 s + 2 election timeouts).
+	if d := time.Since(start); d >= 5*time.Second {
+		t.Errorf("Stop with an open watch took %v, want well under 5s", d)
+	} else {
+		t.Logf("Stop with an open watch took %v", d)
+	}
+	s.Stop() // idempotent
+
+	sctx, scancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	_, err = c.Get(sctx, "k")
+	scancel()
+	if err == nil {
+		t.Fatal("Get succeeded while the server is stopped")
+	}
+
+	start = time.Now()
+	s.Restart()
+	t.Logf("Restart took %v", time.Since(start))
+
+	var got string
+	err = eventually(ctx, func(ctx context.Context) (err error) {
+		got, err = getValue(ctx, c, "k")
+		return err
+	})
+	if err != nil || got != "v" {
+		t.Fatalf("Get after Restart = %q, %v; want v", got, err)
+	}
+	t.Logf("existing client usable %v after Restart began", time.Since(start))
+	if rev := s.Revision(ctx); rev != put.Header.Revision {
+		t.Errorf("Revision after Restart = %d, want %d", rev, put.Header.Revision)
+	}
+
+	if _, err := s.Client().Put(ctx, "w", "x"); err != nil {
+		t.Fatalf("Put: %v", err)
+	}
+	select {
+	case wresp := <-wch:
+		if err := wresp.Err(); err != nil || len(wresp.Events) != 1 {
+			t.Fatalf("watch after Restart: %+v, err %v; want one event", wresp, err)
+		}
+	case <-ctx.Done():
+		t.Fatal("watch opened before Restart saw no event after it")
+	}
+
+	// Restart of a running server works as well.
+	s.Restart()
+	if _, err := s.Client().Put(ctx, "k", "v2"); err != nil {
+		t.Fatalf("Put after second Restart: %v", err)
+	}
+}
+
+func TestRestartWaitsForBusyPort(t *testing.T) {
+	ctx := testCtx(t)
+	s := NewServer(t)
+	s.Stop()
+	// Occupy the client port for a while, as a lingering socket might.
+	host := strings.TrimPrefix(s.Endpoint(), "http://")
+	l, err := net.Listen("tcp", host)
+	if err != nil {
+		t.Fatalf("occupying %s: %v", host, err)
+	}
+	release := time.AfterFunc(300*time.Millisecond, func() { l.Close() })
+	defer release.Stop()
+	s.Restart()
+	if _, err := s.Client().Put(ctx, "k", "v"); err != nil {
+		t.Fatalf("Put after Restart: %v", err)
+	}
+}
+
+func TestProxyBlackhole(t *testing.T) {
+	ctx := testCtx(t)
+	s := NewServer(t)
+	p := s.NewProxy(t)
+	if p.Endpoint() == s.Endpoint() || !strings.HasPrefix(p.Endpoint(), "http://127.0.0.1:") {
+		t.Errorf("proxy Endpoint() = %q", p.Endpoint())
+	}
+	pc := p.NewClient(t)
+	direct := s.Client()
+	if _, err := pc.Put(ctx, "k", "v"); err != nil {
+		t.Fatalf("Put through proxy: %v", err)
+	}
+
+	p.Blackhole()
+	bctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err := pc.Get(bctx, "k")
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Get through blackholed proxy: err = %v, want context.DeadlineExceeded", err)
+	}
+	if got, err := getValue(ctx, direct, "k"); err != nil || got != "v" {
+		t.Fatalf("direct Get during blackhole = %q, %v; want v", got, err)
+	}
+
+	p.Unblackhole()
+	start := time.Now()
+	var got string
+	err = eventually(ctx, func(ctx context.Context) (err error) {
+		got, err = getValue(ctx, pc, "k")
+		return err
+	})
+	if err != nil || got != "v" {
+		t.Fatalf("Get through proxy after Unblackhole = %q, %v; want v", got, err)
+	}
+	t.Logf("proxy client usable %v after Unblackhole", time.Since(start))
+}
+
+func TestProxyPause(t *testing.T) {
+	ctx := testCtx(t)
+	s := NewServer(t)
+	p := s.NewProxy(t)
+	pc := p.NewClient(t)
+	if _, err := pc.Put(ctx, "k", "v"); err != nil {
+		t.Fatalf("Put through proxy: %v", err)
+	}
+
+	p.Pause()
+	type result struct {
+		resp *clientv3.PutResponse
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		resp, err := pc.Put(ctx, "k", "held")
+		done <- result{resp, err}
+	}()
+	// The Put is held, not lost: it is not applied while paused...
+	pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	select {
+	case r := <-done:
+		t.Fatalf("Put through paused proxy completed: %v, %v", r.resp, r.err)
+	case <-pctx.Done():
+	}
+	cancel()
+	if got, err := getValue(ctx, s.Client(), "k"); err != nil || got != "v" {
+		t.Fatalf("direct Get during pause = %q, %v; want v", got, err)
+	}
+	// ...and is delivered on the same connection after Unpause.
+	p.Unpause()
+	if r := <-done; r.err != nil {
+		t.Fatalf("held Put after Unpause: %v", r.err)
+	}
+	if got, err := getValue(ctx, s.Client(), "k"); err != nil || got != "held" {
+		t.Fatalf("Get after Unpause = %q, %v; want held", got, err)
+	}
+}
+
+func TestProxySurvivesRestart(t *testing.T) {
+	ctx := testCtx(t)
+	s := NewServer(t)
+	p := s.NewProxy(t)
+	pc := p.NewClient(t)
+	if _, err := pc.Put(ctx, "k", "v"); err != nil {
+		t.Fatalf("Put through proxy: %v", err)
+	}
+	s.Restart()
+	var got string
+	err := eventually(ctx, func(ctx context.Context) (err error) {
+		got, err = getValue(ctx, pc, "k")
+		return err
+	})
+	if err != nil || got != "v" {
+		t.Fatalf("Get through proxy after Restart = %q, %v; want v", got, err)
+	}
+}
+
+// TestCleanupScopes checks that clients and proxies tied to a subtest are
+// released at its end while the server lives on, and that a proxy client
+// tied to the outer test does not keep its subtest proxy from closing.
+func TestCleanupScopes(t *testing.T) {
+	ctx := testCtx(t)
+	s := NewServer(t)
+	outerT := t
+	t.Run("sub", func(t *testing.T) {
+		p := s.NewProxy(t)
+		outer := p.NewClient(outerT) // closed early, with the proxy
+		if _, err := outer.Put(ctx, "k", "v"); err != nil {
+			t.Fatalf("Put: %v", err)
+		}
+		_ = s.NewClient(t)
+		_ = p.NewClient(t)
+	})
+	if got, err := getValue(ctx, s.Client(), "k"); err != nil || got != "v" {
+		t.Fatalf("Get after subtest = %q, %v; want v", got, err)
+	}
+}
+
+func TestConcurrentUse(t *testing.T) {
+	ctx := testCtx(t)
+	s := NewServer(t)
+	var wg sync.WaitGroup
+	for i := 0; i < 4; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := s.Client()
+			for j := 0; j < 10; j++ {
+				// Puts in flight when Restart stops the server fail with
+				// Unavailable; that is expected.
+				if _, err := c.Put(ctx, "k", "v"); err != nil {
+					t.Logf("Put racing with Restart: %v", err)
+				}
+				_ = s.Revision(ctx)
+			}
+			_ = s.NewClient(t)
+			_ = s.ClientConfig()
+			_ = s.Endpoint()
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		s.Restart()
+	}()
+	wg.Wait()
+	if _, err := s.Client().Put(ctx, "k", "v"); err != nil {
+		t.Fatalf("Put: %v", err)
+	}
+}
+
+func TestNewServerWith(t *testing.T) {
+	ctx := testCtx(t)
+	s := NewServerWith(t, Config{TickMs: 20})
+	resp, err := s.Client().Grant(ctx, 1)
+	if err != nil {
+		t.Fatalf("Grant: %v", err)
+	}
+	// ElectionMs defaults to 10*TickMs = 200 ms: minimum TTL still 1 s.
+	if resp.TTL != 1 {
+		t.Fatalf("Grant(1).TTL = %d, want 1", resp.TTL)
+	}
+	resp, err = s.Client().Grant(ctx, 0)
+	if err != nil {
+		t.Fatalf("Grant: %v", err)
+	}
+	if resp.TTL != 1 {
+		t.Fatalf("Grant(0).TTL = %d, want the minimum 1", resp.TTL)
+	}
+}

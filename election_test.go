@@ -1,0 +1,1453 @@
+package coord
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+
+	"google.golang.org/grpc"
+
+	"github.com/go-coord/coord/coordtest"
+)
+
+// etKey is the election key of the tests: each test has an etcd of its own.
+const etKey = "/coord/test/election"
+
+// etPrefix is where the candidates of etKey live.
+const etPrefix = etKey + "/"
+
+// etElection joins the election opts.Key (default etKey, TTL 2s) on cli and
+// closes it at the end of the test.
+func etElection(t *testing.T, cli *clientv3.Client, opts ElectionOptions) *Election {
+	t.Helper()
+	if opts.Key == "" {
+		opts.Key = etKey
+	}
+	if opts.TTL == 0 {
+		opts.TTL = 2 * time.Second
+	}
+	e, err := NewElection(testCtx(t), cli, opts)
+	if err != nil {
+		t.Fatalf("NewElection: %v", err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}
+
+// etCampaign makes e lead as id, failing the test otherwise.
+func etCampaign(t *testing.T, e *Election, id string) {
+	t.Helper()
+	if err := e.Campaign(testCtx(t), id); err != nil {
+		t.Fatalf("Campaign(%q): %v", id, err)
+	}
+	if !e.IsLeader() {
+		t.Fatalf("Campaign(%q) returned nil but IsLeader is false", id)
+	}
+}
+
+// etResult is the outcome of a Campaign run in the background.
+type etResult struct {
+	err error
+	at  time.Time // when Campaign returned
+}
+
+// etCampaignAsync runs e.Campaign(ctx, id) in the background. The election's
+// Close (at the latest at the end of the test) ends it.
+func etCampaignAsync(ctx context.Context, e *Election, id string) <-chan etResult {
+	ch := make(chan etResult, 1)
+	go func() {
+		err := e.Campaign(ctx, id)
+		ch <- etResult{err, time.Now()}
+	}()
+	return ch
+}
+
+// etWait returns the outcome of a background Campaign, failing the test if
+// it does not return within patience.
+func etWait(t *testing.T, ch <-chan etResult) etResult {
+	t.Helper()
+	select {
+	case r := <-ch:
+		return r
+	case <-time.After(patience()):
+		t.Fatal("Campaign did not return before the deadline")
+	}
+	return etResult{}
+}
+
+// etCands returns the candidates of etKey, oldest first.
+func etCands(t *testing.T, cli *clientv3.Client) []*mvccpb.KeyValue {
+	t.Helper()
+	resp, err := cli.Get(testCtx(t), etPrefix, clientv3.WithPrefix(),
+		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+	if err != nil {
+		t.Fatalf("get candidates: %v", err)
+	}
+	return resp.Kvs
+}
+
+// etWaitCount waits, watching, until n keys match key with opts (e.g.
+// clientv3.WithPrefix()), failing the test after patience.
+func etWaitCount(t *testing.T, cli *clientv3.Client, key string, n int64, opts ...clientv3.OpOption) {
+	t.Helper()
+	ctx := testCtx(t)
+	for {
+		resp, err := cli.Get(ctx, key, append([]clientv3.OpOption{clientv3.WithCountOnly()}, opts...)...)
+		if err != nil {
+			t.Fatalf("count %q: %v", key, err)
+		}
+		if resp.Count == n {
+			return
+		}
+		wctx, cancel := context.WithCancel(ctx)
+		<-cli.Watch(wctx, key, append([]clientv3.OpOption{clientv3.WithRev(resp.Header.Revision + 1)}, opts...)...)
+		cancel()
+		if ctx.Err() != nil {
+			t.Fatalf("%d keys at %q, want %d", resp.Count, key, n)
+		}
+	}
+}
+
+// etTTL returns the remaining TTL of lease id in seconds, -1 once it is gone.
+func etTTL(t *testing.T, cli *clientv3.Client, id clientv3.LeaseID) int64 {
+	t.Helper()
+	resp, err := cli.TimeToLive(testCtx(t), id)
+	if err != nil {
+		t.Fatalf("TimeToLive(%x): %v", int64(id), err)
+	}
+	return resp.TTL
+}
+
+// etRevoke revokes lease id through cli, as another agent would.
+func etRevoke(t *testing.T, cli *clientv3.Client, id clientv3.LeaseID) {
+	t.Helper()
+	if _, err := cli.Revoke(testCtx(t), id); err != nil {
+		t.Fatalf("revoke %x: %v", int64(id), err)
+	}
+}
+
+// etSession returns e's current session.
+func etSession(e *Election) *session {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.sess
+}
+
+// etOpen fails the test if c is closed.
+func etOpen(t *testing.T, c <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-c:
+		t.Fatalf("%s is closed", what)
+	default:
+	}
+}
+
+// etClosed fails the test unless c is closed within patience.
+func etClosed(t *testing.T, c <-chan struct{}, what string) {
+	t.Helper()
+	if !closedWithin(c) {
+		t.Fatalf("%s not closed before the deadline", what)
+	}
+}
+
+// etNext returns the next identity sent on an Observe channel.
+func etNext(t *testing.T, ch <-chan string) string {
+	t.Helper()
+	select {
+	case id, ok := <-ch:
+		if !ok {
+			t.Fatal("Observe channel closed")
+		}
+		return id
+	case <-time.After(patience()):
+		t.Fatal("nothing observed before the deadline")
+	}
+	return ""
+}
+
+// etExpect checks that the next identity sent on ch is want.
+func etExpect(t *testing.T, ch <-chan string, want string) {
+	t.Helper()
+	if got := etNext(t, ch); got != want {
+		t.Fatalf("observed %q, want %q", got, want)
+	}
+}
+
+// etDrained waits until ch is closed, failing the test after patience.
+func etDrained(t *testing.T, ch <-chan string) {
+	t.Helper()
+	deadline := time.After(patience())
+	for {
+		select {
+		case _, ok := <-ch:
+			if !ok {
+				return
+			}
+		case <-deadline:
+			t.Fatal("Observe channel not closed before the deadline")
+		}
+	}
+}
+
+// etGuarded runs a Txn under cmp and reports whether it succeeded.
+func etGuarded(t *testing.T, cli *clientv3.Client, cmp clientv3.Cmp) bool {
+	t.Helper()
+	resp, err := cli.Txn(testCtx(t)).If(cmp).Then(clientv3.OpPut("/coord/test/fenced", "work")).Commit()
+	if err != nil {
+		t.Fatalf("guarded txn: %v", err)
+	}
+	return resp.Succeeded
+}
+
+// etUntil waits until cond holds, polling internal state that has no event
+// to wait on, failing the test after patience.
+func etUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(patience())
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not %s before the deadline", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// etHooks runs a function when a client sends a given gRPC request, so
+// that a test can act at that very moment.
+type etHooks struct {
+	mu    sync.Mutex
+	hooks map[string]func() // by full method name; each runs once
+}
+
+// on runs f the next time the client sends method (e.g. "/etcdserverpb.KV/Txn").
+func (h *etHooks) on(method string, f func()) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.hooks[method] = f
+}
+
+func (h *etHooks) fire(method string) {
+	h.mu.Lock()
+	f := h.hooks[method]
+	delete(h.hooks, method)
+	h.mu.Unlock()
+	if f != nil {
+		f()
+	}
+}
+
+// etHookedClient returns a client made from cfg whose requests run the hooks
+// set on the returned etHooks first. It is closed at the end of the test.
+func etHookedClient(t *testing.T, cfg clientv3.Config) (*clientv3.Client, *etHooks) {
+	t.Helper()
+	h := &etHooks{hooks: map[string]func(){}}
+	cfg.DialOptions = append(slices.Clone(cfg.DialOptions),
+		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any,
+			cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			h.fire(method)
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}),
+		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn,
+			method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+			h.fire(method)
+			return streamer(ctx, desc, cc, method, opts...)
+		}))
+	c, err := clientv3.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c, h
+}
+
+// etRecorder is a slog.Handler that records messages, so that a test can
+// wait for something that has no other outward sign.
+type etRecorder struct {
+	mu     sync.Mutex
+	msgs   []string
+	notify chan struct{} // closed at the next record
+}
+
+func (r *etRecorder) Enabled(context.Context, slog.Level) bool { return true }
+func (r *etRecorder) WithAttrs([]slog.Attr) slog.Handler       { return r }
+func (r *etRecorder) WithGroup(string) slog.Handler            { return r }
+
+func (r *etRecorder) Handle(_ context.Context, rec slog.Record) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.msgs = append(r.msgs, rec.Message)
+	if r.notify != nil {
+		close(r.notify)
+		r.notify = nil
+	}
+	return nil
+}
+
+// wait waits until msg has been logged, failing the test after patience.
+func (r *etRecorder) wait(t *testing.T, msg string) {
+	t.Helper()
+	deadline := time.After(patience())
+	for {
+		r.mu.Lock()
+		if slices.Contains(r.msgs, msg) {
+			r.mu.Unlock()
+			return
+		}
+		if r.notify == nil {
+			r.notify = make(chan struct{})
+		}
+		c := r.notify
+		r.mu.Unlock()
+		select {
+		case <-c:
+		case <-deadline:
+			t.Fatalf("%q not logged before the deadline", msg)
+		}
+	}
+}
+
+func TestElectionCampaign(t *testing.T) {
+	t.Run("Campaign makes us leader and Leader returns our identity", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		ctx := testCtx(t)
+		e := etElection(t, cli, ElectionOptions{})
+		if e.IsLeader() || e.Token() != 0 {
+			t.Fatalf("leads before campaigning: IsLeader %v, Token %d", e.IsLeader(), e.Token())
+		}
+		etCampaign(t, e, "a")
+		if e.Token() <= 0 {
+			t.Fatalf("Token %d, want > 0", e.Token())
+		}
+		etOpen(t, e.Done(), "Done while leading")
+		if got, err := e.Leader(ctx); err != nil || got != "a" {
+			t.Fatalf("Leader = %q, %v; want a", got, err)
+		}
+		if e.Key() != etKey {
+			t.Fatalf("Key = %q, want %q", e.Key(), etKey)
+		}
+		// The wire format: <Key>/<lease hex>, on the session's lease,
+		// created at the revision given as token.
+		cands := etCands(t, cli)
+		if len(cands) != 1 {
+			t.Fatalf("%d candidates, want 1", len(cands))
+		}
+		kv := cands[0]
+		if string(kv.Key) != etPrefix+hexID(clientv3.LeaseID(kv.Lease)) || kv.Lease == 0 {
+			t.Fatalf("candidate key %q on lease %x", kv.Key, kv.Lease)
+		}
+		if clientv3.LeaseID(kv.Lease) != etSession(e).id {
+			t.Fatalf("candidate on lease %x, session lease %x", kv.Lease, int64(etSession(e).id))
+		}
+		if kv.CreateRevision != e.Token() || string(kv.Value) != "a" {
+			t.Fatalf("candidate created at %d with %q; token %d", kv.CreateRevision, kv.Value, e.Token())
+		}
+	})
+	t.Run("Campaign with an empty identity proclaims ElectionOptions.Identity", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		ctx := testCtx(t)
+		e := etElection(t, cli, ElectionOptions{Identity: "from-options"})
+		etCampaign(t, e, "")
+		if got, err := e.Leader(ctx); err != nil || got != "from-options" {
+			t.Fatalf("Leader = %q, %v; want from-options", got, err)
+		}
+	})
+	t.Run("Campaign while leading returns nil and proclaims the new identity", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		ctx := testCtx(t)
+		e := etElection(t, cli, ElectionOptions{})
+		etCampaign(t, e, "a")
+		token, done := e.Token(), e.Done()
+		etCampaign(t, e, "b")
+		if got, err := e.Leader(ctx); err != nil || got != "b" {
+			t.Fatalf("Leader = %q, %v; want b", got, err)
+		}
+		if e.Token() != token || e.Done() != done {
+			t.Fatalf("a new term began: token %d, was %d", e.Token(), token)
+		}
+		etOpen(t, done, "Done while leading")
+		if n := len(etCands(t, cli)); n != 1 {
+			t.Fatalf("%d candidates, want 1", n)
+		}
+	})
+	t.Run("Proclaim changes the identity while leading and fails with ErrNotLeader otherwise", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		ctx := testCtx(t)
+		e := etElection(t, cli, ElectionOptions{})
+		other := etElection(t, srv.NewClient(t), ElectionOptions{})
+		if err := e.Proclaim(ctx, "x"); !errors.Is(err, ErrNotLeader) {
+			t.Fatalf("Proclaim before campaigning: %v, want ErrNotLeader", err)
+		}
+		etCampaign(t, e, "a")
+		if err := e.Proclaim(ctx, "a2"); err != nil {
+			t.Fatalf("Proclaim while leading: %v", err)
+		}
+		if got, err := other.Leader(ctx); err != nil || got != "a2" {
+			t.Fatalf("Leader = %q, %v; want a2", got, err)
+		}
+		if err := other.Proclaim(ctx, "x"); !errors.Is(err, ErrNotLeader) {
+			t.Fatalf("Proclaim by a non-leader: %v, want ErrNotLeader", err)
+		}
+		if err := e.Resign(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Proclaim(ctx, "x"); !errors.Is(err, ErrNotLeader) {
+			t.Fatalf("Proclaim after Resign: %v, want ErrNotLeader", err)
+		}
+		if n := len(etCands(t, cli)); n != 0 {
+			t.Fatalf("%d candidates after Resign and Proclaims, want 0", n)
+		}
+	})
+	t.Run("Proclaim racing a deletion it has not heard of yet returns ErrNotLeader", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		hcli, hooks := etHookedClient(t, srv.ClientConfig())
+		e := etElection(t, hcli, ElectionOptions{})
+		etCampaign(t, e, "a")
+		key := e.current().key
+		// Deleted after Proclaim checked that we lead, before its Txn.
+		hooks.on("/etcdserverpb.KV/Txn", func() {
+			if _, err := cli.Delete(context.Background(), key); err != nil {
+				t.Error(err)
+			}
+		})
+		if err := e.Proclaim(testCtx(t), "b"); !errors.Is(err, ErrNotLeader) {
+			t.Fatalf("Proclaim: %v, want ErrNotLeader", err)
+		}
+		etClosed(t, e.Done(), "Done")
+		if n := len(etCands(t, cli)); n != 0 {
+			t.Fatalf("Proclaim wrote %d candidates", n)
+		}
+	})
+	t.Run("Campaign while leading on a key deleted unheard of campaigns anew", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		hcli, hooks := etHookedClient(t, srv.ClientConfig())
+		e := etElection(t, hcli, ElectionOptions{})
+		etCampaign(t, e, "a")
+		key, token, done := e.current().key, e.Token(), e.Done()
+		hooks.on("/etcdserverpb.KV/Txn", func() {
+			if _, err := cli.Delete(context.Background(), key); err != nil {
+				t.Error(err)
+			}
+		})
+		etCampaign(t, e, "b")
+		etClosed(t, done, "Done of the first term")
+		if e.Token() <= token || !e.IsLeader() {
+			t.Fatalf("token %d (was %d), IsLeader %v", e.Token(), token, e.IsLeader())
+		}
+		if got, err := e.Leader(testCtx(t)); err != nil || got != "b" {
+			t.Fatalf("Leader = %q, %v; want b", got, err)
+		}
+	})
+	t.Run("Leader returns ErrNoLeader when nobody leads and the ctx's error when it ended", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		e := etElection(t, cli, ElectionOptions{})
+		if got, err := e.Leader(testCtx(t)); !errors.Is(err, ErrNoLeader) {
+			t.Fatalf("Leader = %q, %v; want ErrNoLeader", got, err)
+		}
+		ctx, cancel := context.WithCancel(testCtx(t))
+		cancel()
+		if _, err := e.Leader(ctx); !errors.Is(err, context.Canceled) {
+			t.Fatalf("Leader with an ended ctx: %v, want context.Canceled", err)
+		}
+	})
+	t.Run("Campaign leaves no key behind when its ctx is canceled while it waits", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		a := etElection(t, cli, ElectionOptions{})
+		b := etElection(t, srv.NewClient(t), ElectionOptions{})
+		etCampaign(t, a, "a")
+		ctx, cancel := context.WithCancel(testCtx(t))
+		res := etCampaignAsync(ctx, b, "b")
+		etWaitCount(t, cli, etPrefix, 2, clientv3.WithPrefix())
+		bKey := string(etCands(t, cli)[1].Key)
+		cancel()
+		if r := etWait(t, res); !errors.Is(r.err, context.Canceled) {
+			t.Fatalf("Campaign: %v, want context.Canceled", r.err)
+		}
+		etWaitCount(t, cli, bKey, 0)
+		if b.IsLeader() || !a.IsLeader() {
+			t.Fatalf("IsLeader: a %v, b %v", a.IsLeader(), b.IsLeader())
+		}
+		if n := len(etCands(t, cli)); n != 1 {
+			t.Fatalf("%d candidates, want 1", n)
+		}
+	})
+	t.Run("Campaign returns ErrLeadershipLost when its session's lease is revoked while it waits", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		a := etElection(t, cli, ElectionOptions{})
+		b := etElection(t, srv.NewClient(t), ElectionOptions{})
+		etCampaign(t, a, "a")
+		res := etCampaignAsync(testCtx(t), b, "b")
+		etWaitCount(t, cli, etPrefix, 2, clientv3.WithPrefix())
+		etRevoke(t, cli, clientv3.LeaseID(etCands(t, cli)[1].Lease))
+		r := etWait(t, res)
+		if !errors.Is(r.err, ErrLeadershipLost) {
+			t.Fatalf("Campaign: %v, want ErrLeadershipLost", r.err)
+		}
+		if b.IsLeader() {
+			t.Fatal("b leads")
+		}
+	})
+	t.Run("Campaign returns ErrLeadershipLost when its candidate key is deleted while it waits", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		a := etElection(t, cli, ElectionOptions{})
+		b := etElection(t, srv.NewClient(t), ElectionOptions{})
+		etCampaign(t, a, "a")
+		res := etCampaignAsync(testCtx(t), b, "b")
+		etWaitCount(t, cli, etPrefix, 2, clientv3.WithPrefix())
+		if _, err := cli.Delete(testCtx(t), string(etCands(t, cli)[1].Key)); err != nil {
+			t.Fatal(err)
+		}
+		if r := etWait(t, res); !errors.Is(r.err, ErrLeadershipLost) {
+			t.Fatalf("Campaign: %v, want ErrLeadershipLost", r.err)
+		}
+		// The session was not harmed: b campaigns again on the same lease.
+		lease := etSession(b).id
+		if err := a.Resign(testCtx(t)); err != nil {
+			t.Fatal(err)
+		}
+		etCampaign(t, b, "b")
+		if got := clientv3.LeaseID(etCands(t, cli)[0].Lease); got != lease {
+			t.Fatalf("b campaigned on lease %x, want %x", int64(got), int64(lease))
+		}
+	})
+	t.Run("Campaign returns ErrLeadershipLost when cut off from etcd while it waits", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		p := srv.NewProxy(t)
+		a := etElection(t, cli, ElectionOptions{})
+		b := etElection(t, p.NewClient(t), ElectionOptions{TTL: time.Second})
+		etCampaign(t, a, "a")
+		res := etCampaignAsync(testCtx(t), b, "b")
+		etWaitCount(t, cli, etPrefix, 2, clientv3.WithPrefix())
+		bKey := string(etCands(t, cli)[1].Key)
+		p.Blackhole()
+		r := etWait(t, res)
+		if !errors.Is(r.err, ErrLeadershipLost) {
+			t.Fatalf("Campaign: %v, want ErrLeadershipLost", r.err)
+		}
+		// No new session can be had meanwhile.
+		ctx, cancel := context.WithTimeout(testCtx(t), 200*time.Millisecond)
+		defer cancel()
+		if err := b.Campaign(ctx, "b"); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Campaign while cut off: %v, want DeadlineExceeded", err)
+		}
+		p.Unblackhole()
+		etWaitCount(t, cli, bKey, 0)
+		if n := len(etCands(t, cli)); n != 1 {
+			t.Fatalf("%d candidates, want 1", n)
+		}
+	})
+	t.Run("Campaign after its lease expired unnoticed starts a new session", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		// A long TTL: the session renews (and would notice) only after
+		// a third of it, long after this Campaign.
+		e := etElection(t, srv.NewClient(t), ElectionOptions{TTL: 6 * time.Second})
+		old := etSession(e)
+		etRevoke(t, cli, old.id)
+		etCampaign(t, e, "a")
+		lease := clientv3.LeaseID(etCands(t, cli)[0].Lease)
+		if lease == old.id || lease != etSession(e).id {
+			t.Fatalf("leads on lease %x; old %x, session %x", int64(lease), int64(old.id), int64(etSession(e).id))
+		}
+		etClosed(t, old.ctx.Done(), "the old session")
+	})
+	t.Run("Campaign with an identity too large for etcd fails and leaves no key", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		e := etElection(t, cli, ElectionOptions{})
+		lease := etSession(e).id
+		big := strings.Repeat("x", 1600<<10) // over etcd's 1.5 MiB request limit
+		if err := e.Campaign(testCtx(t), big); err == nil {
+			t.Fatal("Campaign with a huge identity succeeded")
+		}
+		if e.IsLeader() {
+			t.Fatal("leads after a failed Campaign")
+		}
+		if n := len(etCands(t, cli)); n != 0 {
+			t.Fatalf("%d candidates, want 0", n)
+		}
+		// Nothing was left to clean up: the session lives on.
+		etCampaign(t, e, "a")
+		if got := clientv3.LeaseID(etCands(t, cli)[0].Lease); got != lease {
+			t.Fatalf("leads on lease %x, want the first session's %x", int64(got), int64(lease))
+		}
+		if err := e.Proclaim(testCtx(t), big); err == nil {
+			t.Fatal("Proclaim with a huge identity succeeded")
+		}
+		if got, err := e.Leader(testCtx(t)); err != nil || got != "a" {
+			t.Fatalf("Leader = %q, %v; want a", got, err)
+		}
+	})
+	t.Run("Campaign takes over a candidate key left on its own lease", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		ctx := testCtx(t)
+		e := etElection(t, cli, ElectionOptions{})
+		// A concurrency program sharing our lease campaigned and went away.
+		cs, err := concurrency.NewSession(cli, concurrency.WithLease(etSession(e).id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ce := concurrency.NewElection(cs, etKey)
+		if err := ce.Campaign(ctx, "old"); err != nil {
+			t.Fatal(err)
+		}
+		cs.Orphan()
+		etCampaign(t, e, "new")
+		if e.Token() != ce.Rev() {
+			t.Fatalf("Token %d, want the existing key's revision %d", e.Token(), ce.Rev())
+		}
+		if got, err := e.Leader(ctx); err != nil || got != "new" {
+			t.Fatalf("Leader = %q, %v; want new", got, err)
+		}
+		if n := len(etCands(t, cli)); n != 1 {
+			t.Fatalf("%d candidates, want 1", n)
+		}
+	})
+	t.Run("calls of one election take turns and give up when their ctx ends", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		a := etElection(t, cli, ElectionOptions{})
+		b := etElection(t, srv.NewClient(t), ElectionOptions{})
+		etCampaign(t, a, "a")
+		res := etCampaignAsync(testCtx(t), b, "b")
+		etWaitCount(t, cli, etPrefix, 2, clientv3.WithPrefix())
+		ctx, cancel := context.WithTimeout(testCtx(t), 100*time.Millisecond)
+		defer cancel()
+		if ok, err := b.TryCampaign(ctx, "b"); ok || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("TryCampaign while a Campaign waits = %v, %v; want DeadlineExceeded", ok, err)
+		}
+		if err := b.Resign(ctx); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Resign while a Campaign waits: %v, want DeadlineExceeded", err)
+		}
+		if err := a.Resign(testCtx(t)); err != nil {
+			t.Fatal(err)
+		}
+		if r := etWait(t, res); r.err != nil || !b.IsLeader() {
+			t.Fatalf("Campaign: %v, IsLeader %v", r.err, b.IsLeader())
+		}
+	})
+	t.Run("Campaign leaves no key behind when its put lands after its ctx ended", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		p := srv.NewProxy(t)
+		rec := &etRecorder{}
+		e := etElection(t, p.NewClient(t), ElectionOptions{Logger: slog.New(rec)})
+		old := etSession(e)
+		// Held traffic is delivered after Unpause: the put may land late.
+		p.Pause()
+		ctx, cancel := context.WithTimeout(testCtx(t), 200*time.Millisecond)
+		defer cancel()
+		err := e.Campaign(ctx, "a")
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Campaign: %v, want DeadlineExceeded", err)
+		}
+		// It could not withdraw the key: it gave up the session instead.
+		etClosed(t, old.ctx.Done(), "the session")
+		p.Unpause()
+		rec.wait(t, "coord: session released")
+		if ttl := etTTL(t, cli, old.id); ttl != -1 {
+			t.Fatalf("old lease TTL %d, want -1 (revoked)", ttl)
+		}
+		if n := len(etCands(t, cli)); n != 0 {
+			t.Fatalf("%d candidates, want 0", n)
+		}
+		etCampaign(t, e, "a")
+	})
+}
+
+func TestElectionTryCampaign(t *testing.T) {
+	t.Run("TryCampaign wins when nobody leads", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		e := etElection(t, cli, ElectionOptions{})
+		ok, err := e.TryCampaign(testCtx(t), "a")
+		if !ok || err != nil || !e.IsLeader() {
+			t.Fatalf("TryCampaign = %v, %v; IsLeader %v", ok, err, e.IsLeader())
+		}
+		if got, err := e.Leader(testCtx(t)); err != nil || got != "a" {
+			t.Fatalf("Leader = %q, %v; want a", got, err)
+		}
+	})
+	t.Run("TryCampaign returns false at once when another leads and leaves no key", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		a := etElection(t, cli, ElectionOptions{})
+		b := etElection(t, srv.NewClient(t), ElectionOptions{})
+		etCampaign(t, a, "a")
+		// A TryCampaign that waited would run into this deadline.
+		ctx, cancel := context.WithTimeout(testCtx(t), 2*time.Second*scale)
+		defer cancel()
+		ok, err := b.TryCampaign(ctx, "b")
+		if ok || err != nil {
+			t.Fatalf("TryCampaign = %v, %v; want false, nil", ok, err)
+		}
+		if b.IsLeader() || b.Token() != 0 {
+			t.Fatal("b leads")
+		}
+		cands := etCands(t, cli)
+		if len(cands) != 1 || clientv3.LeaseID(cands[0].Lease) != etSession(a).id {
+			t.Fatalf("candidates %v, want only a's", cands)
+		}
+	})
+	t.Run("TryCampaign while leading returns true and proclaims", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		e := etElection(t, cli, ElectionOptions{})
+		etCampaign(t, e, "a")
+		if ok, err := e.TryCampaign(testCtx(t), "b"); !ok || err != nil {
+			t.Fatalf("TryCampaign = %v, %v", ok, err)
+		}
+		if got, err := e.Leader(testCtx(t)); err != nil || got != "b" {
+			t.Fatalf("Leader = %q, %v; want b", got, err)
+		}
+	})
+}
+
+func TestElectionResign(t *testing.T) {
+	t.Run("Resign ends leadership and a waiting candidate takes over", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		ctx := testCtx(t)
+		a := etElection(t, cli, ElectionOptions{})
+		b := etElection(t, srv.NewClient(t), ElectionOptions{})
+		etCampaign(t, a, "a")
+		token := a.Token()
+		res := etCampaignAsync(ctx, b, "b")
+		etWaitCount(t, cli, etPrefix, 2, clientv3.WithPrefix())
+		done := a.Done()
+		if err := a.Resign(ctx); err != nil {
+			t.Fatalf("Resign: %v", err)
+		}
+		etClosed(t, done, "Done after Resign")
+		if a.IsLeader() || a.Token() != 0 {
+			t.Fatalf("after Resign: IsLeader %v, Token %d", a.IsLeader(), a.Token())
+		}
+		if r := etWait(t, res); r.err != nil {
+			t.Fatalf("waiting Campaign: %v", r.err)
+		}
+		if !b.IsLeader() || b.Token() <= token {
+			t.Fatalf("b: IsLeader %v, Token %d (a's was %d)", b.IsLeader(), b.Token(), token)
+		}
+		if got, err := a.Leader(ctx); err != nil || got != "b" {
+			t.Fatalf("Leader = %q, %v; want b", got, err)
+		}
+	})
+	t.Run("Resign when not leading returns nil", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		e := etElection(t, cli, ElectionOptions{})
+		if err := e.Resign(testCtx(t)); err != nil {
+			t.Fatalf("Resign before campaigning: %v", err)
+		}
+		etCampaign(t, e, "a")
+		for i := 0; i < 2; i++ {
+			if err := e.Resign(testCtx(t)); err != nil {
+				t.Fatalf("Resign #%d: %v", i+1, err)
+			}
+		}
+		if n := len(etCands(t, cli)); n != 0 {
+			t.Fatalf("%d candidates, want 0", n)
+		}
+	})
+	t.Run("Resign that cannot reach etcd fails and we still lead", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		p := srv.NewProxy(t)
+		e := etElection(t, p.NewClient(t), ElectionOptions{})
+		etCampaign(t, e, "a")
+		p.Blackhole()
+		defer p.Unblackhole()
+		ctx, cancel := context.WithTimeout(testCtx(t), 200*time.Millisecond)
+		defer cancel()
+		if err := e.Resign(ctx); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Resign: %v, want DeadlineExceeded", err)
+		}
+		if !e.IsLeader() {
+			t.Fatal("a failed Resign ended leadership")
+		}
+		if n := len(etCands(t, cli)); n != 1 {
+			t.Fatalf("%d candidates, want 1", n)
+		}
+		// Cut off, it steps down by itself.
+		etClosed(t, e.Done(), "Done of a leader cut off")
+	})
+}
+
+func TestElectionObserve(t *testing.T) {
+	t.Run("Observe sends the current leader first and then each change", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		ctx := testCtx(t)
+		a := etElection(t, cli, ElectionOptions{})
+		b := etElection(t, srv.NewClient(t), ElectionOptions{})
+		c := etElection(t, srv.NewClient(t), ElectionOptions{})
+		obs := a.Observe(ctx)
+		etExpect(t, obs, "")
+		etCampaign(t, a, "a")
+		etExpect(t, obs, "a")
+		if err := a.Proclaim(ctx, "a2"); err != nil {
+			t.Fatal(err)
+		}
+		etExpect(t, obs, "a2")
+		if err := a.Resign(ctx); err != nil {
+			t.Fatal(err)
+		}
+		etExpect(t, obs, "")
+		etCampaign(t, b, "b")
+		etExpect(t, obs, "b")
+		// A candidate joining changes nothing; its turn does.
+		res := etCampaignAsync(ctx, c, "c")
+		etWaitCount(t, cli, etPrefix, 2, clientv3.WithPrefix())
+		if err := b.Resign(ctx); err != nil {
+			t.Fatal(err)
+		}
+		etExpect(t, obs, "c")
+		if r := etWait(t, res); r.err != nil {
+			t.Fatal(r.err)
+		}
+		etExpect(t, b.Observe(ctx), "c")
+	})
+	t.Run("Observe closes when its ctx ends", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		e := etElection(t, cli, ElectionOptions{})
+		ctx, cancel := context.WithCancel(testCtx(t))
+		obs := e.Observe(ctx)
+		etExpect(t, obs, "")
+		cancel()
+		etDrained(t, obs)
+		// The election is unharmed.
+		etCampaign(t, e, "a")
+	})
+	t.Run("Observe closes on Close and is closed after it", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		e := etElection(t, cli, ElectionOptions{})
+		etCampaign(t, e, "a")
+		obs := e.Observe(testCtx(t))
+		etExpect(t, obs, "a")
+		if err := e.Close(); err != nil {
+			t.Fatal(err)
+		}
+		etDrained(t, obs)
+		if _, ok := <-e.Observe(testCtx(t)); ok {
+			t.Fatal("Observe after Close sent a value")
+		}
+	})
+}
+
+func TestElectionDone(t *testing.T) {
+	t.Run("Done is closed when we do not lead", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		e := etElection(t, cli, ElectionOptions{})
+		etClosed(t, e.Done(), "Done before campaigning")
+	})
+	t.Run("Done closes when someone else deletes the leader key", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		e := etElection(t, cli, ElectionOptions{})
+		etCampaign(t, e, "a")
+		token, done := e.Token(), e.Done()
+		if _, err := cli.Delete(testCtx(t), etPrefix, clientv3.WithPrefix()); err != nil {
+			t.Fatal(err)
+		}
+		etClosed(t, done, "Done")
+		if e.IsLeader() || e.Token() != 0 {
+			t.Fatalf("IsLeader %v, Token %d after the key was deleted", e.IsLeader(), e.Token())
+		}
+		etCampaign(t, e, "a")
+		if e.Token() <= token {
+			t.Fatalf("new token %d, old %d", e.Token(), token)
+		}
+	})
+	t.Run("Done closes when the session's lease is revoked", func(t *testing.T) {
+		srv, _ := newEtcd(t)
+		other := srv.NewClient(t)
+		e := etElection(t, srv.Client(), ElectionOptions{})
+		etCampaign(t, e, "a")
+		old, done := etSession(e).id, e.Done()
+		etRevoke(t, other, old)
+		etClosed(t, done, "Done")
+		if e.IsLeader() {
+			t.Fatal("leads after its lease was revoked")
+		}
+		etCampaign(t, e, "a")
+		if etSession(e).id == old {
+			t.Fatal("campaigned again on the revoked lease")
+		}
+	})
+}
+
+func TestElectionStepDown(t *testing.T) {
+	t.Run("A leader cut off from etcd steps down before a successor can win", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		p := srv.NewProxy(t)
+		const ttl = time.Second
+		a := etElection(t, p.NewClient(t), ElectionOptions{TTL: ttl})
+		b := etElection(t, cli, ElectionOptions{TTL: ttl})
+		etCampaign(t, a, "a")
+		l := a.current()
+		res := etCampaignAsync(testCtx(t), b, "b")
+		etWaitCount(t, cli, etPrefix, 2, clientv3.WithPrefix())
+		done := a.Done()
+		cut := time.Now()
+		p.Blackhole()
+		etClosed(t, done, "Done of the leader cut off")
+		stepped := time.Now()
+		r := etWait(t, res)
+		if r.err != nil {
+			t.Fatalf("successor's Campaign: %v", r.err)
+		}
+		margin := r.at.Sub(stepped)
+		t.Logf("stepped down %v after the cut; successor won %v after that", stepped.Sub(cut), margin)
+		if margin <= 0 {
+			t.Fatalf("the successor won %v before the old leader stepped down", -margin)
+		}
+		if d := stepped.Sub(cut); d > ttl*scale {
+			t.Fatalf("stepped down %v after the cut, want within 2/3 of the TTL %v", d, ttl)
+		}
+		if a.IsLeader() {
+			t.Fatal("the old leader still believes it leads")
+		}
+		p.Unblackhole()
+		etWaitCount(t, cli, l.key, 0)
+		if got := etTTL(t, cli, l.sess.id); got != -1 {
+			t.Fatalf("old lease TTL %d, want -1", got)
+		}
+		successor := b.Token()
+		if err := b.Resign(testCtx(t)); err != nil {
+			t.Fatal(err)
+		}
+		etCampaign(t, a, "a again")
+		if a.Token() <= successor {
+			t.Fatalf("token %d after the successor's", a.Token())
+		}
+	})
+	t.Run("A leader cut off from etcd removes its key as soon as etcd answers again", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		p := srv.NewProxy(t)
+		const ttl = 3 * time.Second
+		a := etElection(t, p.NewClient(t), ElectionOptions{TTL: ttl})
+		etCampaign(t, a, "a")
+		l := a.current()
+		p.Blackhole()
+		etClosed(t, a.Done(), "Done of the leader cut off")
+		stepped := time.Now()
+		p.Unblackhole()
+		etWaitCount(t, cli, l.key, 0)
+		// etcd expires a lease a TTL after its last renewal at the
+		// earliest; the leader steps down 2/3 of a TTL after it.
+		gone := time.Since(stepped)
+		t.Logf("key gone %v after stepping down", gone)
+		if gone >= ttl/3 {
+			t.Fatalf("key gone %v after stepping down: expired, not revoked", gone)
+		}
+	})
+}
+
+func TestElectionTokens(t *testing.T) {
+	t.Run("Tokens strictly increase across successive leaders", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		ctx := testCtx(t)
+		es := make([]*Election, 4)
+		for i := range es {
+			es[i] = etElection(t, srv.NewClient(t), ElectionOptions{Identity: string(rune('a' + i))})
+		}
+		var tokens []int64
+		check := func(e *Election) {
+			t.Helper()
+			l := e.current()
+			if l == nil {
+				t.Fatalf("%s does not lead", e.identity)
+			}
+			if got, err := e.Leader(ctx); err != nil || got != e.identity {
+				t.Fatalf("Leader = %q, %v; want %s", got, err, e.identity)
+			}
+			if kv := etCands(t, cli)[0]; kv.CreateRevision != e.Token() {
+				t.Fatalf("token %d, leader key created at %d", e.Token(), kv.CreateRevision)
+			}
+			tokens = append(tokens, e.Token())
+		}
+		etCampaign(t, es[0], "")
+		check(es[0])
+		res := make([]<-chan etResult, len(es))
+		for i := 1; i < len(es); i++ {
+			res[i] = etCampaignAsync(ctx, es[i], "")
+			etWaitCount(t, cli, etPrefix, int64(i+1), clientv3.WithPrefix())
+		}
+		// Handovers: by Resign, by key deletion, by lease revocation,
+		// by Close.
+		if err := es[0].Resign(ctx); err != nil {
+			t.Fatal(err)
+		}
+		etWait(t, res[1])
+		check(es[1])
+		if _, err := cli.Delete(ctx, es[1].current().key); err != nil {
+			t.Fatal(err)
+		}
+		etWait(t, res[2])
+		check(es[2])
+		etRevoke(t, cli, es[2].current().sess.id)
+		etWait(t, res[3])
+		check(es[3])
+		res[0] = etCampaignAsync(ctx, es[0], "")
+		etWaitCount(t, cli, etPrefix, 2, clientv3.WithPrefix())
+		es[3].Close()
+		etWait(t, res[0])
+		check(es[0])
+		for i := 1; i < len(tokens); i++ {
+			if tokens[i] <= tokens[i-1] {
+				t.Fatalf("tokens %v do not strictly increase", tokens)
+			}
+		}
+	})
+}
+
+func TestElectionGuard(t *testing.T) {
+	t.Run("A Txn under Guard succeeds while leading and fails after Resign", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		e := etElection(t, cli, ElectionOptions{})
+		etCampaign(t, e, "a")
+		g := e.Guard()
+		if !etGuarded(t, cli, g) || !etGuarded(t, cli, e.Guard()) {
+			t.Fatal("guarded Txn failed while leading")
+		}
+		if err := e.Resign(testCtx(t)); err != nil {
+			t.Fatal(err)
+		}
+		if etGuarded(t, cli, g) || etGuarded(t, cli, e.Guard()) {
+			t.Fatal("guarded Txn succeeded after Resign")
+		}
+		// A guard of an earlier term fails in a later one.
+		etCampaign(t, e, "a")
+		if etGuarded(t, cli, g) || !etGuarded(t, cli, e.Guard()) {
+			t.Fatal("a guard held in the wrong term")
+		}
+	})
+	t.Run("A Txn under Guard fails once the leader key is deleted", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		e := etElection(t, cli, ElectionOptions{})
+		etCampaign(t, e, "a")
+		g := e.Guard()
+		if _, err := cli.Delete(testCtx(t), e.current().key); err != nil {
+			t.Fatal(err)
+		}
+		// At once, before e has even noticed.
+		if etGuarded(t, cli, g) {
+			t.Fatal("guarded Txn succeeded after the leader key was deleted")
+		}
+		etClosed(t, e.Done(), "Done")
+		if etGuarded(t, cli, e.Guard()) {
+			t.Fatal("Guard holds after leadership ended")
+		}
+	})
+	t.Run("Guard never holds when never leader", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		leader := etElection(t, srv.NewClient(t), ElectionOptions{})
+		e := etElection(t, cli, ElectionOptions{})
+		if etGuarded(t, cli, e.Guard()) {
+			t.Fatal("Guard held with no leader")
+		}
+		etCampaign(t, leader, "l")
+		if _, err := cli.Put(testCtx(t), etPrefix, "the prefix key itself"); err != nil {
+			t.Fatal(err)
+		}
+		if etGuarded(t, cli, e.Guard()) {
+			t.Fatal("Guard of a non-leader held")
+		}
+	})
+}
+
+func TestElectionInterop(t *testing.T) {
+	t.Run("A concurrency Election and ours see each other's leaders", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		ctx := testCtx(t)
+		cs, err := concurrency.NewSession(srv.NewClient(t), concurrency.WithTTL(2))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cs.Close()
+		theirs := concurrency.NewElection(cs, etKey)
+		ours := etElection(t, cli, ElectionOptions{})
+
+		etCampaign(t, ours, "ours")
+		if r, err := theirs.Leader(ctx); err != nil || string(r.Kvs[0].Value) != "ours" {
+			t.Fatalf("their Leader = %v, %v; want ours", r, err)
+		}
+		// They wait behind us...
+		errc := make(chan error, 1)
+		go func() { errc <- theirs.Campaign(ctx, "theirs") }()
+		etWaitCount(t, cli, etPrefix, 2, clientv3.WithPrefix())
+		obs := ours.Observe(ctx)
+		etExpect(t, obs, "ours")
+		if err := ours.Resign(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-errc; err != nil {
+			t.Fatalf("their Campaign: %v", err)
+		}
+		if got, err := ours.Leader(ctx); err != nil || got != "theirs" {
+			t.Fatalf("our Leader = %q, %v; want theirs", got, err)
+		}
+		etExpect(t, obs, "theirs")
+		// ...and we wait behind them.
+		res := etCampaignAsync(ctx, ours, "ours again")
+		etWaitCount(t, cli, etPrefix, 2, clientv3.WithPrefix())
+		peer := etElection(t, cli, ElectionOptions{})
+		if ok, err := peer.TryCampaign(ctx, "x"); ok || err != nil {
+			t.Fatalf("TryCampaign while they lead = %v, %v; want false, nil", ok, err)
+		}
+		if err := theirs.Resign(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if r := etWait(t, res); r.err != nil {
+			t.Fatal(r.err)
+		}
+		if r, err := theirs.Leader(ctx); err != nil || string(r.Kvs[0].Value) != "ours again" {
+			t.Fatalf("their Leader = %v, %v; want ours again", r, err)
+		}
+	})
+}
+
+func TestElectionClose(t *testing.T) {
+	t.Run("Close is idempotent, resigns and releases the session", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		a := etElection(t, cli, ElectionOptions{})
+		b := etElection(t, srv.NewClient(t), ElectionOptions{})
+		etCampaign(t, a, "a")
+		l, done := a.current(), a.Done()
+		res := etCampaignAsync(testCtx(t), b, "b")
+		etWaitCount(t, cli, etPrefix, 2, clientv3.WithPrefix())
+		for i := 0; i < 2; i++ {
+			if err := a.Close(); err != nil {
+				t.Fatalf("Close #%d: %v", i+1, err)
+			}
+		}
+		// Released by the time Close returns.
+		if got := etTTL(t, cli, l.sess.id); got != -1 {
+			t.Fatalf("lease TTL %d after Close, want -1", got)
+		}
+		if resp, err := cli.Get(testCtx(t), l.key); err != nil || len(resp.Kvs) != 0 {
+			t.Fatalf("leader key after Close: %v, %v", resp, err)
+		}
+		etClosed(t, done, "Done")
+		if a.IsLeader() {
+			t.Fatal("leads after Close")
+		}
+		if r := etWait(t, res); r.err != nil || !b.IsLeader() {
+			t.Fatalf("waiter: %v, IsLeader %v", r.err, b.IsLeader())
+		}
+	})
+	t.Run("A Campaign waiting on a closed election returns ErrClosed and leaves no key", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		a := etElection(t, cli, ElectionOptions{})
+		b := etElection(t, srv.NewClient(t), ElectionOptions{})
+		etCampaign(t, a, "a")
+		res := etCampaignAsync(testCtx(t), b, "b")
+		etWaitCount(t, cli, etPrefix, 2, clientv3.WithPrefix())
+		if err := b.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if r := etWait(t, res); !errors.Is(r.err, ErrClosed) {
+			t.Fatalf("Campaign: %v, want ErrClosed", r.err)
+		}
+		if n := len(etCands(t, cli)); n != 1 {
+			t.Fatalf("%d candidates, want 1", n)
+		}
+	})
+	t.Run("methods after Close return ErrClosed", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		e := etElection(t, cli, ElectionOptions{})
+		etCampaign(t, e, "a")
+		g := e.Guard()
+		if err := e.Close(); err != nil {
+			t.Fatal(err)
+		}
+		ctx := testCtx(t)
+		errc := make(chan error, 1)
+		go func() {
+			// Over and over: a call after Close must leave things as it
+			// found them for the next one.
+			for i := 0; i < 20; i++ {
+				if err := e.Campaign(ctx, "a"); !errors.Is(err, ErrClosed) {
+					errc <- err
+					return
+				}
+				if _, err := e.TryCampaign(ctx, "a"); !errors.Is(err, ErrClosed) {
+					errc <- err
+					return
+				}
+				if err := e.Proclaim(ctx, "a"); !errors.Is(err, ErrClosed) {
+					errc <- err
+					return
+				}
+				if err := e.Resign(ctx); !errors.Is(err, ErrClosed) {
+					errc <- err
+					return
+				}
+				if _, err := e.Leader(ctx); !errors.Is(err, ErrClosed) {
+					errc <- err
+					return
+				}
+			}
+			errc <- nil
+		}()
+		select {
+		case err := <-errc:
+			if err != nil {
+				t.Fatalf("call after Close: %v, want ErrClosed", err)
+			}
+		case <-time.After(patience()):
+			t.Fatal("a call after Close hangs")
+		}
+		if e.IsLeader() || e.Token() != 0 || etGuarded(t, cli, g) || etGuarded(t, cli, e.Guard()) {
+			t.Fatal("still leads after Close")
+		}
+		etClosed(t, e.Done(), "Done")
+		etDrained(t, e.Observe(ctx))
+		if n := len(etCands(t, cli)); n != 0 {
+			t.Fatalf("%d candidates, want 0", n)
+		}
+	})
+	t.Run("Close returns in about a TTL while a call is stuck on an unreachable etcd", func(t *testing.T) {
+		srv, _ := newEtcd(t)
+		p := srv.NewProxy(t)
+		pcli, hooks := etHookedClient(t, p.ClientConfig())
+		const ttl = time.Second
+		e := etElection(t, pcli, ElectionOptions{TTL: ttl})
+		renewing := make(chan struct{})
+		hooks.on("/etcdserverpb.Lease/LeaseKeepAlive", func() { close(renewing) })
+		p.Blackhole()
+		defer p.Unblackhole()
+		res := etCampaignAsync(context.Background(), e, "a")
+		etUntil(t, "campaigning", func() bool { return len(e.turn) == 1 })
+		// Close while a renewal hangs too.
+		etClosed(t, renewing, "renewal")
+		start := time.Now()
+		if err := e.Close(); err != nil {
+			t.Fatal(err)
+		}
+		took := time.Since(start)
+		t.Logf("Close took %v", took)
+		if took > 3*ttl*scale {
+			t.Fatalf("Close took %v, want about the TTL %v", took, ttl)
+		}
+		if r := etWait(t, res); !errors.Is(r.err, ErrClosed) {
+			t.Fatalf("Campaign: %v, want ErrClosed", r.err)
+		}
+	})
+	t.Run("Closing the client ends leadership", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		mine := srv.NewClient(t)
+		a := etElection(t, mine, ElectionOptions{TTL: time.Second})
+		idle := etElection(t, mine, ElectionOptions{TTL: time.Second})
+		b := etElection(t, cli, ElectionOptions{})
+		etCampaign(t, a, "a")
+		obs := a.Observe(testCtx(t))
+		etExpect(t, obs, "a")
+		res := etCampaignAsync(testCtx(t), b, "b")
+		etWaitCount(t, cli, etPrefix, 2, clientv3.WithPrefix())
+		done := a.Done()
+		mine.Close()
+		etClosed(t, done, "Done")
+		// A session without leadership notices at its next renewal.
+		s := etSession(idle)
+		etClosed(t, s.ctx.Done(), "the idle election's session")
+		if !errors.Is(s.Err(), ErrClientClosed) {
+			t.Fatalf("idle session ended: %v, want ErrClientClosed", s.Err())
+		}
+		if a.IsLeader() {
+			t.Fatal("leads on a closed client")
+		}
+		etDrained(t, obs)
+		// etcd expires the lease nobody can revoke; b takes over.
+		if r := etWait(t, res); r.err != nil {
+			t.Fatal(r.err)
+		}
+		if err := a.Campaign(testCtx(t), "a"); !errors.Is(err, ErrClientClosed) {
+			t.Fatalf("Campaign on a closed client: %v, want ErrClientClosed", err)
+		}
+		start := time.Now()
+		a.Close()
+		if took := time.Since(start); took > 2*time.Second*scale {
+			t.Fatalf("Close took %v", took)
+		}
+	})
+}
+
+func TestElectionBrokenWatch(t *testing.T) {
+	// After a compaction past the revision a watch would resume from, an
+	// etcd restart breaks the watch for good (ErrCompacted).
+	compactAndRestart := func(t *testing.T, srv *coordtest.Server, cli *clientv3.Client) {
+		t.Helper()
+		for i := 0; i < 2; i++ {
+			if _, err := cli.Put(testCtx(t), "/coord/test/other", "x"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		srv.Compact(testCtx(t))
+		srv.Restart()
+	}
+	t.Run("A leader whose watch breaks checks its key and leads on", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		ctx := testCtx(t)
+		rec := &etRecorder{}
+		e := etElection(t, cli, ElectionOptions{TTL: 3 * time.Second, Logger: slog.New(rec)})
+		etCampaign(t, e, "a")
+		obs := e.Observe(ctx)
+		etExpect(t, obs, "a")
+		compactAndRestart(t, srv, cli)
+		rec.wait(t, "coord: leader watch broke, watching on")
+		if !e.IsLeader() || !etGuarded(t, cli, e.Guard()) {
+			t.Fatal("stepped down although the leader key is there")
+		}
+		// Observe lists again and watches on.
+		if err := e.Proclaim(ctx, "a2"); err != nil {
+			t.Fatal(err)
+		}
+		etExpect(t, obs, "a2")
+		// The new watch still ends leadership when the key goes.
+		if _, err := cli.Delete(ctx, e.current().key); err != nil {
+			t.Fatal(err)
+		}
+		etClosed(t, e.Done(), "Done")
+		etExpect(t, obs, "")
+	})
+	t.Run("A leader whose key went while its watch was broken steps down", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		p := srv.NewProxy(t)
+		// The session must not go stale meanwhile: a long TTL.
+		e := etElection(t, p.NewClient(t), ElectionOptions{TTL: 6 * time.Second})
+		etCampaign(t, e, "a")
+		s, done := etSession(e), e.Done()
+		// The delete event is lost on the way.
+		p.Blackhole()
+		if _, err := cli.Delete(testCtx(t), e.current().key); err != nil {
+			t.Fatal(err)
+		}
+		p.Unblackhole()
+		compactAndRestart(t, srv, cli)
+		etClosed(t, done, "Done")
+		if s.ctx.Err() != nil {
+			t.Fatalf("session ended (%v): the step-down was not the key's", s.Err())
+		}
+	})
+}
+
+func TestElectionPermissionDenied(t *testing.T) {
+	t.Run("A candidate that may not read the election fails, leaves no key, and Observe retries", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		ctx := testCtx(t)
+		// The candidate's role covers candidate keys (lease ids in hex
+		// never start with 0) but not the whole prefix.
+		must := func(_ any, err error) {
+			t.Helper()
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		must(cli.UserAdd(ctx, "root", "root"))
+		must(cli.UserGrantRole(ctx, "root", "root"))
+		must(cli.RoleAdd(ctx, "cand"))
+		must(cli.RoleGrantPermission(ctx, "cand", etPrefix+"1", clientv3.GetPrefixRangeEnd(etPrefix),
+			clientv3.PermissionType(clientv3.PermReadWrite)))
+		must(cli.UserAdd(ctx, "cand", "cand"))
+		must(cli.UserGrantRole(ctx, "cand", "cand"))
+		must(cli.AuthEnable(ctx))
+		user := func(name string) *clientv3.Client {
+			cfg := srv.ClientConfig()
+			cfg.Username, cfg.Password = name, name
+			c, err := clientv3.New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close() })
+			return c
+		}
+		root, cand := user("root"), user("cand")
+		rec := &etRecorder{}
+		e := etElection(t, cand, ElectionOptions{Logger: slog.New(rec)})
+
+		err := e.Campaign(ctx, "a")
+		if !errors.Is(err, rpctypes.ErrPermissionDenied) || errors.Is(err, ErrLeadershipLost) {
+			t.Fatalf("Campaign: %v, want permission denied", err)
+		}
+		if n := len(etCands(t, root)); n != 0 {
+			t.Fatalf("%d candidates, want 0", n)
+		}
+		if _, err := e.Leader(ctx); !errors.Is(err, rpctypes.ErrPermissionDenied) {
+			t.Fatalf("Leader: %v, want permission denied", err)
+		}
+		obs := e.Observe(ctx)
+		octx, ocancel := context.WithCancel(ctx)
+		short := e.Observe(octx)
+		rec.wait(t, "coord: observe: cannot list candidates")
+		ocancel()
+		etDrained(t, short)
+		must(root.RoleGrantPermission(ctx, "cand", etPrefix, clientv3.GetPrefixRangeEnd(etPrefix),
+			clientv3.PermissionType(clientv3.PermRead)))
+		etExpect(t, obs, "")
+		etCampaign(t, e, "a")
+		etExpect(t, obs, "a")
+
+		// A leader that may no longer watch its key steps down, and its key
+		// goes with its lease, rather than spinning.
+		key := e.current().key
+		must(root.RoleRevokePermission(ctx, "cand", etPrefix, clientv3.GetPrefixRangeEnd(etPrefix)))
+		must(root.RoleRevokePermission(ctx, "cand", etPrefix+"1", clientv3.GetPrefixRangeEnd(etPrefix)))
+		srv.Restart() // existing watches keep their rights; resumed ones do not
+		etClosed(t, e.Done(), "Done of a leader refused its key")
+		etWaitCount(t, root, key, 0)
+	})
+}
+
+func TestNewElection(t *testing.T) {
+	t.Run("bad input is refused and nothing is written", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		ctx := testCtx(t)
+		if _, err := NewElection(ctx, nil, ElectionOptions{Key: etKey}); !errors.Is(err, ErrNilClient) {
+			t.Fatalf("nil client: %v, want ErrNilClient", err)
+		}
+		for _, key := range []string{"", "a/", "a//b", "/"} {
+			if _, err := NewElection(ctx, cli, ElectionOptions{Key: key}); !errors.Is(err, ErrInvalidKey) {
+				t.Fatalf("key %q: %v, want ErrInvalidKey", key, err)
+			}
+		}
+		for _, ttl := range []time.Duration{-time.Second, 1500 * time.Millisecond, time.Millisecond} {
+			if _, err := NewElection(ctx, cli, ElectionOptions{Key: etKey, TTL: ttl}); !errors.Is(err, ErrInvalidTTL) {
+				t.Fatalf("TTL %v: %v, want ErrInvalidTTL", ttl, err)
+			}
+		}
+		if n := keyCount(t, cli, ""); n != 0 {
+			t.Fatalf("%d keys written", n)
+		}
+		if ls, err := cli.Leases(ctx); err != nil || len(ls.Leases) != 0 {
+			t.Fatalf("leases %v, %v; want none", ls, err)
+		}
+	})
+	t.Run("an ended ctx fails it with the ctx's error", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		ctx, cancel := context.WithCancel(testCtx(t))
+		cancel()
+		if _, err := NewElection(ctx, cli, ElectionOptions{Key: etKey}); !errors.Is(err, context.Canceled) {
+			t.Fatalf("NewElection: %v, want context.Canceled", err)
+		}
+		if ls, err := cli.Leases(testCtx(t)); err != nil || len(ls.Leases) != 0 {
+			t.Fatalf("leases %v, %v; want none", ls, err)
+		}
+	})
+	t.Run("the zero options take a 10s TTL and the host name", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		e, err := NewElection(testCtx(t), cli, ElectionOptions{Key: etKey})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		ttl, err := cli.TimeToLive(testCtx(t), etSession(e).id)
+		if err != nil || ttl.GrantedTTL != 10 {
+			t.Fatalf("granted TTL %v, %v; want 10", ttl, err)
+		}
+		etCampaign(t, e, "")
+		host, _ := os.Hostname()
+		if got, err := e.Leader(testCtx(t)); err != nil || got != host {
+			t.Fatalf("Leader = %q, %v; want %q", got, err, host)
+		}
+	})
+}

@@ -1,0 +1,377 @@
+package coord_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"os"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/go-coord/coord"
+	"github.com/go-coord/coord/coordtest"
+)
+
+// exampleWait bounds every wait of the examples: events arrive within
+// milliseconds on an embedded etcd.
+const exampleWait = 5 * time.Second
+
+// exampleEtcd starts an embedded etcd for an example and returns a client of
+// it, and a function that closes the client and the server and removes the
+// data. A program would connect to its cluster instead:
+//
+//	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:2379"}})
+func exampleEtcd() (*clientv3.Client, func()) {
+	dir, err := os.MkdirTemp("", "coord-example-")
+	if err != nil {
+		log.Fatal(err)
+	}
+	srv, err := coordtest.Start(dir, coordtest.Config{})
+	if err != nil {
+		os.RemoveAll(dir)
+		log.Fatal(err)
+	}
+	return srv.Client(), func() {
+		srv.Close()
+		os.RemoveAll(dir)
+	}
+}
+
+// exampleEvent returns the next event of w, waiting at most exampleWait.
+func exampleEvent(w *coord.HostWatcher) coord.HostEvent {
+	select {
+	case ev, ok := <-w.Events():
+		if !ok {
+			log.Fatalf("events closed: %v", w.Err())
+		}
+		return ev
+	case <-time.After(exampleWait):
+		log.Fatal("no host event")
+	}
+	panic("unreachable")
+}
+
+// exampleLeader returns the next leader sent on an Observe channel, waiting
+// at most exampleWait; ok is false once the channel is closed.
+func exampleLeader(obs <-chan string) (leader string, ok bool) {
+	select {
+	case leader, ok = <-obs:
+		return leader, ok
+	case <-time.After(exampleWait):
+		log.Fatal("no leader change observed")
+	}
+	panic("unreachable")
+}
+
+// exampleClosed waits at most exampleWait for ch to be closed.
+func exampleClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	case <-time.After(exampleWait):
+		return false
+	}
+}
+
+func printEvent(ev coord.HostEvent) {
+	fmt.Printf("%-7s %s (%s %s) synthetic=%t\n",
+		ev.Kind, ev.HostUUID, ev.Metadata.Hostname, ev.Metadata.Version, ev.Synthetic)
+}
+
+func ExampleRegisterHostLiveness() {
+	cli, stop := exampleEtcd()
+	defer stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	// Announce this host: a lease at /coord/hosts/<uuid>, kept alive,
+	// self-healing, until Stop.
+	meta := coord.HostMetadata{HostUUID: "3f1c", Hostname: "node-1", Version: "1.4.2"}
+	h, err := coord.RegisterHostLiveness(ctx, cli, meta, coord.LivenessOptions{TTL: time.Second})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer h.Stop(context.Background())
+	fmt.Println("registered at", h.Key(), "with TTL", h.TTL())
+
+	// Another agent follows the fleet: it starts with a synthetic Up for
+	// each host already there.
+	w, err := coord.NewHostWatcher(ctx, cli, coord.WatcherOptions{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer w.Close()
+	printEvent(exampleEvent(w))
+
+	// New metadata, same lease: the watcher sees it updated.
+	meta.Version = "1.4.3"
+	if err := h.Update(ctx, meta); err != nil {
+		log.Fatal(err)
+	}
+	printEvent(exampleEvent(w))
+
+	// Stop revokes the lease: the watcher sees the host down at once, with
+	// its last metadata.
+	if err := h.Stop(ctx); err != nil {
+		log.Fatal(err)
+	}
+	printEvent(exampleEvent(w))
+	fmt.Println("done:", exampleClosed(h.Done()), "err:", h.Err())
+
+	// Output:
+	// registered at /coord/hosts/3f1c with TTL 1s
+	// up      3f1c (node-1 1.4.2) synthetic=true
+	// updated 3f1c (node-1 1.4.3) synthetic=false
+	// down    3f1c (node-1 1.4.3) synthetic=false
+	// done: true err: <nil>
+}
+
+func ExampleNewHostWatcher() {
+	cli, stop := exampleEtcd()
+	defer stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	register := func(id, hostname string) *coord.HostLiveness {
+		h, err := coord.RegisterHostLiveness(ctx, cli,
+			coord.HostMetadata{HostUUID: id, Hostname: hostname, Version: "1.0"},
+			coord.LivenessOptions{TTL: time.Second})
+		if err != nil {
+			log.Fatal(err)
+		}
+		return h
+	}
+	// This agent is host "a"; "b" and "c" are up already.
+	self := register("a", "node-a")
+	defer self.Stop(context.Background())
+	b := register("b", "node-b")
+	defer b.Stop(context.Background())
+	c := register("c", "node-c")
+	defer c.Stop(context.Background())
+
+	// Self: this agent's own events are not delivered.
+	w, err := coord.NewHostWatcher(ctx, cli, coord.WatcherOptions{Self: "a"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer w.Close()
+
+	// The snapshot: a synthetic Up per host, then Synced.
+	printEvent(exampleEvent(w))
+	printEvent(exampleEvent(w))
+	fmt.Println("synced:", exampleClosed(w.Synced()))
+	for _, m := range w.Hosts() {
+		fmt.Println("host", m.HostUUID, m.Hostname)
+	}
+
+	// Then every change, as it happens. Our own update is not delivered:
+	// the next event is d coming up.
+	if err := self.Update(ctx, coord.HostMetadata{HostUUID: "a", Hostname: "node-a", Version: "2.0"}); err != nil {
+		log.Fatal(err)
+	}
+	d := register("d", "node-d")
+	defer d.Stop(context.Background())
+	printEvent(exampleEvent(w))
+	if err := b.Stop(ctx); err != nil {
+		log.Fatal(err)
+	}
+	printEvent(exampleEvent(w))
+
+	// Output:
+	// up      b (node-b 1.0) synthetic=true
+	// up      c (node-c 1.0) synthetic=true
+	// synced: true
+	// host b node-b
+	// host c node-c
+	// up      d (node-d 1.0) synthetic=false
+	// down    b (node-b 1.0) synthetic=false
+}
+
+func ExampleElection_Campaign() {
+	cli, stop := exampleEtcd()
+	defer stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	e, err := coord.NewElection(ctx, cli, coord.ElectionOptions{Key: "/coord/elections/scheduler", TTL: time.Second})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer e.Close()
+	if err := e.Campaign(ctx, "node-1"); err != nil {
+		log.Fatal(err)
+	}
+	leader, err := e.Leader(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("leader:", leader, "is leader:", e.IsLeader(), "token > 0:", e.Token() > 0)
+
+	// Work on etcd is fenced: a write under Guard applies only while we
+	// still lead.
+	write := func() bool {
+		resp, err := cli.Txn(ctx).If(e.Guard()).Then(clientv3.OpPut("/scheduler/owner", "node-1")).Commit()
+		if err != nil {
+			log.Fatal(err)
+		}
+		return resp.Succeeded
+	}
+	fmt.Println("guarded write while leading:", write())
+
+	// Done closes when this leadership ends: here by Resign.
+	done := e.Done()
+	if err := e.Resign(ctx); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("done closed:", exampleClosed(done), "is leader:", e.IsLeader(), "token:", e.Token())
+	fmt.Println("guarded write after resigning:", write())
+	_, err = e.Leader(ctx)
+	fmt.Println("no leader:", errors.Is(err, coord.ErrNoLeader))
+
+	// Output:
+	// leader: node-1 is leader: true token > 0: true
+	// guarded write while leading: true
+	// done closed: true is leader: false token: 0
+	// guarded write after resigning: false
+	// no leader: true
+}
+
+func ExampleElection_Observe() {
+	cli, stop := exampleEtcd()
+	defer stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	join := func(identity string) *coord.Election {
+		e, err := coord.NewElection(ctx, cli, coord.ElectionOptions{
+			Key: "/coord/elections/scheduler", TTL: time.Second, Identity: identity,
+		})
+		if err != nil {
+			log.Fatal(err)
+		}
+		return e
+	}
+	n1 := join("node-1")
+	defer n1.Close()
+	n2 := join("node-2")
+	defer n2.Close()
+
+	// Any member can follow the leader, candidate or not: first the
+	// current leader ("" for none), then each change.
+	octx, ocancel := context.WithCancel(ctx)
+	defer ocancel()
+	obs := n2.Observe(octx)
+	show := func() {
+		switch leader, ok := exampleLeader(obs); {
+		case !ok:
+			fmt.Println("observer closed")
+		case leader == "":
+			fmt.Println("leader: none")
+		default:
+			fmt.Println("leader:", leader)
+		}
+	}
+	show()
+
+	if err := n1.Campaign(ctx, ""); err != nil {
+		log.Fatal(err)
+	}
+	show()
+	if err := n1.Resign(ctx); err != nil {
+		log.Fatal(err)
+	}
+	show()
+	if err := n2.Campaign(ctx, ""); err != nil {
+		log.Fatal(err)
+	}
+	show()
+
+	// The channel closes when the observer's ctx ends (or on Close).
+	ocancel()
+	show()
+
+	// Output:
+	// leader: none
+	// leader: node-1
+	// leader: none
+	// leader: node-2
+	// observer closed
+}
+
+func ExampleElectionPool() {
+	cli, stop := exampleEtcd()
+	defer stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	// One pool per agent: one long-lived session per key, owned by the pool.
+	pool := coord.NewElectionPool(cli, coord.PoolOptions{TTL: time.Second, Identity: "node-1"})
+	defer pool.Close()
+	other := coord.NewElectionPool(cli, coord.PoolOptions{TTL: time.Second, Identity: "node-2"})
+	defer other.Close()
+
+	keys := []string{"/coord/elections/billing", "/coord/elections/scheduler"}
+	for _, key := range keys {
+		e, err := pool.Election(ctx, key)
+		if err != nil {
+			log.Fatal(err)
+		}
+		won, err := e.TryCampaign(ctx, "") // "" proclaims the pool's Identity
+		if err != nil {
+			log.Fatal(err)
+		}
+		fmt.Println("node-1 leads", key+":", won)
+	}
+	e2, err := other.Election(ctx, keys[1])
+	if err != nil {
+		log.Fatal(err)
+	}
+	won, err := e2.TryCampaign(ctx, "")
+	if err != nil {
+		log.Fatal(err)
+	}
+	leader, err := e2.Leader(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("node-2 leads", keys[1]+":", won, "- leader is", leader)
+
+	// The same Election for the same key; its own Close does nothing.
+	e, err := pool.Election(ctx, keys[1])
+	if err != nil {
+		log.Fatal(err)
+	}
+	again, err := pool.Election(ctx, keys[1])
+	if err != nil {
+		log.Fatal(err)
+	}
+	e.Close()
+	fmt.Println("same election:", e == again, "still leading:", e.IsLeader())
+	st := pool.Stats()
+	fmt.Printf("sessions=%d leading=%d ttl=%v\n", st.Sessions, st.Leading, st.TTL)
+
+	// The pool's Close resigns and releases every pooled election.
+	if err := pool.Close(); err != nil {
+		log.Fatal(err)
+	}
+	_, err = pool.Election(ctx, keys[1])
+	fmt.Println("closed:", pool.Stats().Closed, "still leading:", e.IsLeader(), "ErrClosed:", errors.Is(err, coord.ErrClosed))
+	_, err = e2.Leader(ctx)
+	fmt.Println("no leader:", errors.Is(err, coord.ErrNoLeader))
+	if won, err = e2.TryCampaign(ctx, ""); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("node-2 leads", keys[1]+":", won)
+
+	// Output:
+	// node-1 leads /coord/elections/billing: true
+	// node-1 leads /coord/elections/scheduler: true
+	// node-2 leads /coord/elections/scheduler: false - leader is node-1
+	// same election: true still leading: true
+	// sessions=2 leading=2 ttl=1s
+	// closed: true still leading: false ErrClosed: true
+	// no leader: true
+	// node-2 leads /coord/elections/scheduler: true
+}

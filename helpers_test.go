@@ -1,0 +1,204 @@
+package coord
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/go-coord/coord/coordtest"
+)
+
+// scale stretches every deadline of the suite for slow machines (emulated
+// CPUs): COORD_TEST_SCALE=10 waits ten times longer. Deadlines only bound
+// waits on events; nothing sleeps for a fixed time.
+var scale = func() time.Duration {
+	n, err := strconv.Atoi(os.Getenv("COORD_TEST_SCALE"))
+	if err != nil || n < 1 {
+		return 1
+	}
+	return time.Duration(n)
+}()
+
+// patience bounds any single wait of a test.
+func patience() time.Duration { return 15 * time.Second * scale }
+
+// testCtx returns a context that ends with the test or after patience.
+func testCtx(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), patience())
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// newEtcd starts an embedded etcd for the test and returns it with a client.
+func newEtcd(t *testing.T) (*coordtest.Server, *clientv3.Client) {
+	t.Helper()
+	srv := coordtest.NewServer(t)
+	return srv, srv.Client()
+}
+
+// meta returns metadata for host id.
+func meta(id string) HostMetadata {
+	return HostMetadata{HostUUID: id, Hostname: "host-" + id, Version: "1.0", Labels: map[string]string{"zone": "a"}}
+}
+
+// prefixFor returns a prefix of its own for a test.
+func prefixFor(t *testing.T) string { return "/test/" + t.Name() + "/" }
+
+// next returns the next event of w, failing the test after patience.
+func next(t *testing.T, w *HostWatcher) HostEvent {
+	t.Helper()
+	select {
+	case ev, ok := <-w.Events():
+		if !ok {
+			t.Fatalf("events closed: %v", w.Err())
+		}
+		return ev
+	case <-time.After(patience()):
+		t.Fatal("no event before the deadline")
+	}
+	return HostEvent{}
+}
+
+// expect reads the next event of w and checks its kind and host.
+func expect(t *testing.T, w *HostWatcher, kind HostEventKind, id string) HostEvent {
+	t.Helper()
+	ev := next(t, w)
+	if ev.Kind != kind || ev.HostUUID != id {
+		t.Fatalf("got %v %s, want %v %s", ev.Kind, ev.HostUUID, kind, id)
+	}
+	return ev
+}
+
+// quiet checks that w delivers nothing more up to a revision written after
+// everything before: it puts a marker host and expects exactly its Up.
+func quiet(t *testing.T, cli *clientv3.Client, w *HostWatcher, prefix string) {
+	t.Helper()
+	id := fmt.Sprintf("marker-%d", time.Now().UnixNano())
+	ctx := testCtx(t)
+	if _, err := cli.Put(ctx, prefix+id, fmt.Sprintf(`{"host_uuid":%q}`, id)); err != nil {
+		t.Fatal(err)
+	}
+	expect(t, w, HostUp, id)
+	if _, err := cli.Delete(ctx, prefix+id); err != nil {
+		t.Fatal(err)
+	}
+	expect(t, w, HostDown, id)
+}
+
+// closed reports whether c is closed within patience.
+func closedWithin(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	case <-time.After(patience()):
+		return false
+	}
+}
+
+// keyCount returns how many keys exist under prefix.
+func keyCount(t *testing.T, cli *clientv3.Client, prefix string) int64 {
+	t.Helper()
+	resp, err := cli.Get(testCtx(t), prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.Count
+}
+
+// eventually waits, up to patience, until cond holds; for state that no
+// event announces (a field set just after etcd was written).
+func eventually(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(patience())
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met before the deadline")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// logTap is a slog.Handler that keeps every record, so that a test can wait
+// for the library to say it reached a state.
+type logTap struct {
+	mu      sync.Mutex
+	recs    []slog.Record
+	changed chan struct{} // closed and replaced on each record
+	attrs   []slog.Attr
+	parent  *logTap
+}
+
+func newLogTap() (*logTap, *slog.Logger) {
+	l := &logTap{changed: make(chan struct{})}
+	return l, slog.New(l)
+}
+
+func (l *logTap) root() *logTap {
+	if l.parent != nil {
+		return l.parent
+	}
+	return l
+}
+
+func (l *logTap) Enabled(context.Context, slog.Level) bool { return true }
+
+func (l *logTap) Handle(_ context.Context, r slog.Record) error {
+	r = r.Clone()
+	r.AddAttrs(l.attrs...)
+	root := l.root()
+	root.mu.Lock()
+	defer root.mu.Unlock()
+	root.recs = append(root.recs, r)
+	close(root.changed)
+	root.changed = make(chan struct{})
+	return nil
+}
+
+func (l *logTap) WithAttrs(as []slog.Attr) slog.Handler {
+	return &logTap{parent: l.root(), attrs: append(slices.Clone(l.attrs), as...)}
+}
+
+func (l *logTap) WithGroup(string) slog.Handler { return l }
+
+// count returns how many records carry msg.
+func (l *logTap) count(msg string) int {
+	root := l.root()
+	root.mu.Lock()
+	defer root.mu.Unlock()
+	n := 0
+	for _, r := range root.recs {
+		if r.Message == msg {
+			n++
+		}
+	}
+	return n
+}
+
+// wait waits until at least n records carry msg.
+func (l *logTap) wait(t *testing.T, msg string, n int) {
+	t.Helper()
+	deadline := time.After(patience())
+	for {
+		root := l.root()
+		root.mu.Lock()
+		changed := root.changed
+		root.mu.Unlock()
+		if l.count(msg) >= n {
+			return
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			t.Fatalf("no %d× log record %q before the deadline", n, msg)
+		}
+	}
+}

@@ -1,0 +1,170 @@
+package coord
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"strings"
+	"time"
+)
+
+// Defaults, in one place. Every options struct's zero value takes these.
+const (
+	// HostsPrefix is the default prefix under which hosts register.
+	HostsPrefix = "/coord/hosts/"
+	// DefaultLivenessTTL is the default TTL of a host's lease.
+	DefaultLivenessTTL = 10 * time.Second
+	// DefaultElectionTTL is the default TTL of an election's session.
+	DefaultElectionTTL = 10 * time.Second
+	// DefaultPoolTTL is the default TTL of a pooled election's session.
+	DefaultPoolTTL = 30 * time.Second
+	// DefaultWatcherBuffer is the default capacity of HostWatcher.Events.
+	DefaultWatcherBuffer = 128
+
+	// Heal backoff: capped exponential with jitter.
+	minBackoff = 50 * time.Millisecond
+	maxBackoff = 2 * time.Second
+	// expirySlack is how late etcd may expire a lease after its TTL: its
+	// lessor checks for expired leases every 500ms; the rest covers a
+	// revoke's trip through raft.
+	expirySlack = time.Second
+)
+
+// LivenessOptions configures RegisterHostLiveness. The zero value registers
+// under HostsPrefix with DefaultLivenessTTL, refusing to take over a key held
+// by another live lease.
+type LivenessOptions struct {
+	// Prefix under which the host key is written; must end in "/".
+	// Default HostsPrefix.
+	Prefix string
+	// TTL of the host's lease: a whole number of seconds. Default 10s. etcd
+	// may grant a longer one; HostLiveness.TTL reports the granted TTL.
+	TTL time.Duration
+	// Takeover overwrites a key held by another live lease at once instead
+	// of waiting for it to expire.
+	Takeover bool
+	// Logger receives the registration's records; nil discards them.
+	Logger *slog.Logger
+}
+
+// WatcherOptions configures NewHostWatcher. The zero value watches
+// HostsPrefix with a DefaultWatcherBuffer-sized Events channel.
+type WatcherOptions struct {
+	// Prefix to watch; must end in "/". Default HostsPrefix.
+	Prefix string
+	// Self is this agent's own HostUUID: its events are not delivered and
+	// it is left out of Hosts. Empty means none.
+	Self string
+	// Buffer is the capacity of the Events channel; 0 means
+	// DefaultWatcherBuffer. Events are never dropped whatever its size.
+	Buffer int
+	// Logger receives the watcher's records; nil discards them.
+	Logger *slog.Logger
+}
+
+// ElectionOptions configures NewElection. Key is required.
+type ElectionOptions struct {
+	// Key names the election: an etcd prefix, non-empty, with no trailing
+	// "/" and no empty path element. Candidates are <Key>/<lease hex>.
+	Key string
+	// TTL of the election's session: a whole number of seconds. Default 10s.
+	TTL time.Duration
+	// Identity is the value proclaimed by Campaign and TryCampaign when they
+	// are given "". Default: the host name.
+	Identity string
+	// Logger receives the election's records; nil discards them.
+	Logger *slog.Logger
+}
+
+// PoolOptions configures NewElectionPool. The zero value keeps sessions of
+// DefaultPoolTTL.
+type PoolOptions struct {
+	// TTL of each pooled session: a whole number of seconds. Default 30s.
+	TTL time.Duration
+	// Identity is the default identity of the pooled elections; default:
+	// the host name.
+	Identity string
+	// Logger receives the pool's records; nil discards them.
+	Logger *slog.Logger
+}
+
+// discard is the logger used when none is given.
+var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+func logger(l *slog.Logger) *slog.Logger {
+	if l == nil {
+		return discard
+	}
+	return l
+}
+
+// ttlOrDefault checks a TTL option and applies its default.
+func ttlOrDefault(ttl, def time.Duration) (time.Duration, error) {
+	switch {
+	case ttl == 0:
+		return def, nil
+	case ttl < 0 || ttl%time.Second != 0:
+		return 0, fmt.Errorf("%w: %v (want a positive whole number of seconds)", ErrInvalidTTL, ttl)
+	}
+	return ttl, nil
+}
+
+// prefixOrDefault checks a prefix option and applies its default.
+func prefixOrDefault(prefix string) (string, error) {
+	if prefix == "" {
+		return HostsPrefix, nil
+	}
+	if !strings.HasSuffix(prefix, "/") {
+		return "", fmt.Errorf("%w: prefix %q must end in \"/\"", ErrInvalidKey, prefix)
+	}
+	return prefix, nil
+}
+
+// checkHostUUID checks that id can name a key under a prefix.
+func checkHostUUID(id string) error {
+	if id == "" || strings.Contains(id, "/") {
+		return fmt.Errorf("%w: %q (want non-empty, without \"/\")", ErrInvalidHostUUID, id)
+	}
+	return nil
+}
+
+// checkElectionKey checks that key is a clean etcd prefix.
+func checkElectionKey(key string) error {
+	if key == "" || strings.HasSuffix(key, "/") || strings.Contains(key, "//") {
+		return fmt.Errorf("%w: election key %q (want non-empty, no trailing \"/\", no \"//\")", ErrInvalidKey, key)
+	}
+	return nil
+}
+
+func identityOrDefault(id string) string {
+	if id != "" {
+		return id
+	}
+	h, _ := os.Hostname()
+	return h
+}
+
+// retry paces a retry loop: capped exponential backoff, jittered over the
+// upper half of each step so that a fleet does not retry in lockstep.
+type retry struct{ d time.Duration }
+
+// next returns the delay before the next attempt.
+func (r *retry) next() time.Duration {
+	r.d = min(max(2*r.d, minBackoff), maxBackoff)
+	return r.d/2 + rand.N(r.d/2+1)
+}
+
+// sleep waits for d or until ctx ends, reporting whether it waited fully.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

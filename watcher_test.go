@@ -1,0 +1,967 @@
+package coord
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/goleak"
+)
+
+func TestHostWatcher(t *testing.T) {
+	t.Run("replays existing hosts as synthetic Up then Synced", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		ctx, prefix := testCtx(t), prefixFor(t)
+		lease := wtGrant(t, cli)
+		var rev int64
+		for _, id := range []string{"b", "a", "c"} {
+			rev = wtPut(t, cli, prefix, meta(id), lease)
+		}
+		w := wtWatch(t, ctx, cli, WatcherOptions{Prefix: prefix, Buffer: 1})
+		// Listed, but with one slot in Events two Ups at least are unsent.
+		wtEventually(t, "the snapshot in Hosts", func() bool { return len(w.Hosts()) == 3 })
+		if wtClosed(w.Synced()) {
+			t.Fatal("Synced closed before the snapshot was delivered")
+		}
+		for _, id := range []string{"a", "b", "c"} {
+			ev := expect(t, w, HostUp, id)
+			if !ev.Synthetic || ev.Revision != rev || !reflect.DeepEqual(ev.Metadata, meta(id)) {
+				t.Fatalf("snapshot event %+v, want synthetic at revision %d with %+v", ev, rev, meta(id))
+			}
+		}
+		if !closedWithin(w.Synced()) {
+			t.Fatal("Synced not closed after the snapshot")
+		}
+		quiet(t, cli, w, prefix)
+	})
+
+	t.Run("closes Synced at once when there are no hosts", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		ctx, prefix := testCtx(t), prefixFor(t)
+		w := wtWatch(t, ctx, cli, WatcherOptions{Prefix: prefix})
+		if !closedWithin(w.Synced()) {
+			t.Fatal("Synced not closed")
+		}
+		if len(w.Events()) != 0 || len(w.Hosts()) != 0 {
+			t.Fatalf("events %d, hosts %v: want none", len(w.Events()), w.Hosts())
+		}
+		quiet(t, cli, w, prefix)
+	})
+
+	t.Run("delivers live changes with Synthetic false and the etcd revision", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		ctx, prefix := testCtx(t), prefixFor(t)
+		w := wtSynced(t, ctx, cli, WatcherOptions{Prefix: prefix})
+		lease := wtGrant(t, cli)
+
+		m := meta("a")
+		rev := wtPut(t, cli, prefix, m, lease)
+		wtCheck(t, expect(t, w, HostUp, "a"), m, rev, false)
+
+		m.Version = "2.0"
+		rev = wtPut(t, cli, prefix, m, lease)
+		wtCheck(t, expect(t, w, HostUpdated, "a"), m, rev, false)
+
+		del, err := cli.Delete(ctx, prefix+"a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		wtCheck(t, expect(t, w, HostDown, "a"), m, del.Header.Revision, false)
+	})
+
+	t.Run("neither loses nor repeats a change between the snapshot and the watch", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		ctx, prefix := testCtx(t), prefixFor(t)
+		started := make(chan struct{}) // closed after the first writes
+		synced := make(chan struct{})  // closed once the watcher has synced
+		type result struct {
+			puts map[string]int64 // revision of each host's first put
+			err  error
+		}
+		done := make(chan result, 1)
+		// The writer never pauses from before the watcher lists until well
+		// after its watch has started: some writes land in the snapshot,
+		// some between the list and the watch, the rest after both.
+		go func() {
+			n, last := 0, -1
+			puts := map[string]int64{}
+			err := func() error {
+				for ; n != last; n++ {
+					if n == 100 {
+						close(started)
+					}
+					if last < 0 && wtClosed(synced) {
+						last = n + 100
+					}
+					id := fmt.Sprintf("h%04d", n)
+					resp, err := cli.Put(ctx, prefix+id, wtJSON(meta(id)))
+					if err != nil {
+						return err
+					}
+					puts[id] = resp.Header.Revision
+					if n%7 == 3 && n/2%10 != 2 { // an update of a host put earlier, not removed
+						m := meta(fmt.Sprintf("h%04d", n/2))
+						m.Version = fmt.Sprint(n)
+						if _, err := cli.Put(ctx, prefix+m.HostUUID, wtJSON(m)); err != nil {
+							return err
+						}
+					}
+					if n%10 == 5 { // a removal of a host put earlier: those ending in 2
+						if _, err := cli.Delete(ctx, prefix+fmt.Sprintf("h%04d", n-3)); err != nil {
+							return err
+						}
+					}
+				}
+				return nil
+			}()
+			done <- result{puts, err}
+		}()
+		<-started
+		w := wtWatch(t, ctx, cli, WatcherOptions{Prefix: prefix})
+		r := newWtReplica(t)
+		if !closedWithin(w.Synced()) {
+			t.Fatal("Synced not closed")
+		}
+		close(synced)
+		res := <-done
+		if res.err != nil {
+			t.Fatal(res.err)
+		}
+		// Everything written before the marker is delivered before it.
+		marker := wtPut(t, cli, prefix, meta("zz-marker"), 0)
+		var snapshot int64
+		for {
+			ev := next(t, w)
+			r.apply(ev)
+			if ev.Synthetic {
+				snapshot = ev.Revision
+			}
+			if ev.Revision == marker && !ev.Synthetic {
+				break
+			}
+		}
+		truth := wtTruth(t, cli, prefix)
+		if !reflect.DeepEqual(r.hosts, truth) {
+			t.Fatalf("replica (%d hosts) differs from etcd (%d hosts)", len(r.hosts), len(truth))
+		}
+		if !reflect.DeepEqual(w.Hosts(), wtSorted(truth)) {
+			t.Fatal("Hosts differs from etcd")
+		}
+		// Each host put after the snapshot was seen come up, exactly once,
+		// even if it is gone again; the replica fails on a second Up.
+		var after int
+		for id, rev := range res.puts {
+			if rev > snapshot {
+				after++
+				if r.ups[id] != 1 {
+					t.Fatalf("host %s put at revision %d after the snapshot at %d: Up %d times, want once", id, rev, snapshot, r.ups[id])
+				}
+			}
+		}
+		if snapshot == 0 || after < 100 {
+			t.Fatalf("snapshot at %d, %d hosts put after it: the writes did not straddle the snapshot", snapshot, after)
+		}
+	})
+
+	t.Run("does not block on the consumer with 1000 hosts and Buffer 1", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		ctx, prefix := testCtx(t), prefixFor(t)
+		const n = 1000
+		lease := wtGrant(t, cli)
+		for i := 0; i < n; i += 100 {
+			var ops []clientv3.Op
+			for j := i; j < i+100; j++ {
+				id := fmt.Sprintf("h%04d", j)
+				ops = append(ops, clientv3.OpPut(prefix+id, wtJSON(meta(id)), clientv3.WithLease(lease)))
+			}
+			if _, err := cli.Txn(ctx).Then(ops...).Commit(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		start := time.Now()
+		w := wtWatch(t, ctx, cli, WatcherOptions{Prefix: prefix, Buffer: 1})
+		if d := time.Since(start); d > time.Second*scale {
+			t.Fatalf("NewHostWatcher took %v", d)
+		}
+		// Nobody reads Events, yet the watcher lists, then takes in a live
+		// change: its loop is not stuck on the consumer.
+		wtEventually(t, "the snapshot in Hosts", func() bool { return len(w.Hosts()) == n })
+		wtPut(t, cli, prefix, meta("late"), lease)
+		wtEventually(t, "the live host in Hosts", func() bool { return len(w.Hosts()) == n+1 })
+		seen := map[string]bool{}
+		for i := range n {
+			ev := next(t, w)
+			if ev.Kind != HostUp || !ev.Synthetic || seen[ev.HostUUID] {
+				t.Fatalf("event %d: %+v (seen before: %v)", i, ev, seen[ev.HostUUID])
+			}
+			seen[ev.HostUUID] = true
+			// While two are unread, one at least is not in Events yet.
+			if i < n-2 && wtClosed(w.Synced()) {
+				t.Fatalf("Synced closed with %d snapshot events unread", n-i-1)
+			}
+		}
+		if !closedWithin(w.Synced()) {
+			t.Fatal("Synced not closed after 1000 Ups")
+		}
+		if ev := expect(t, w, HostUp, "late"); ev.Synthetic {
+			t.Fatalf("live Up is synthetic: %+v", ev)
+		}
+	})
+
+	t.Run("reports a registration's Up, Updated, and Down on Stop", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		ctx, prefix := testCtx(t), prefixFor(t)
+		w := wtSynced(t, ctx, cli, WatcherOptions{Prefix: prefix})
+		h, err := RegisterHostLiveness(ctx, cli, meta("a"), LivenessOptions{Prefix: prefix, TTL: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { h.Stop(context.Background()) })
+		if ev := expect(t, w, HostUp, "a"); ev.Synthetic || !reflect.DeepEqual(ev.Metadata, meta("a")) {
+			t.Fatalf("Up %+v", ev)
+		}
+		m := meta("a")
+		m.Version = "2.0"
+		if err := h.Update(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+		if ev := expect(t, w, HostUpdated, "a"); !reflect.DeepEqual(ev.Metadata, m) {
+			t.Fatalf("Updated carries %+v, want %+v", ev.Metadata, m)
+		}
+		start := time.Now()
+		if err := h.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+		ev := expect(t, w, HostDown, "a")
+		// Stop revokes: no waiting for the lease to expire.
+		if d := time.Since(start); d >= h.TTL()*scale {
+			t.Fatalf("Down %v after Stop, not before the TTL %v", d, h.TTL())
+		}
+		if !reflect.DeepEqual(ev.Metadata, m) {
+			t.Fatalf("Down carries %+v, want the last metadata %+v", ev.Metadata, m)
+		}
+		if len(w.Hosts()) != 0 {
+			t.Fatalf("Hosts %v after Down", w.Hosts())
+		}
+	})
+
+	t.Run("reports a crashed registration Down with its metadata after the TTL", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		ctx, prefix := testCtx(t), prefixFor(t)
+		w := wtSynced(t, ctx, cli, WatcherOptions{Prefix: prefix})
+		agent := srv.NewClient(t)
+		h, err := RegisterHostLiveness(ctx, agent, meta("a"), LivenessOptions{Prefix: prefix, TTL: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Its client is closed: no revoke to wait for, only goroutines.
+		t.Cleanup(func() {
+			gone, cancel := context.WithCancel(context.Background())
+			cancel()
+			h.Stop(gone)
+		})
+		expect(t, w, HostUp, "a")
+		// The agent dies: its lease is neither renewed nor revoked.
+		crash := time.Now()
+		agent.Close()
+		ev := expect(t, w, HostDown, "a")
+		// The last renewal was at most a third of the TTL before the crash.
+		if d := time.Since(crash); d < h.TTL()/2 {
+			t.Fatalf("Down %v after the crash: the lease cannot have expired", d)
+		}
+		if ev.Synthetic || !reflect.DeepEqual(ev.Metadata, meta("a")) {
+			t.Fatalf("Down %+v, want the host's metadata", ev)
+		}
+	})
+
+	t.Run("reports Down with the last metadata seen, also after an Updated", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		ctx, prefix := testCtx(t), prefixFor(t)
+		w := wtSynced(t, ctx, cli, WatcherOptions{Prefix: prefix})
+		lease := wtGrant(t, cli)
+		m := meta("a")
+		wtPut(t, cli, prefix, m, lease)
+		expect(t, w, HostUp, "a")
+		for _, v := range []string{"2", "3"} {
+			m.Version = v
+			m.Labels = map[string]string{"v": v}
+			wtPut(t, cli, prefix, m, lease)
+			expect(t, w, HostUpdated, "a")
+		}
+		// The lease's end deletes the key: the Down has no value of its own.
+		if _, err := cli.Revoke(ctx, lease); err != nil {
+			t.Fatal(err)
+		}
+		if ev := expect(t, w, HostDown, "a"); !reflect.DeepEqual(ev.Metadata, m) {
+			t.Fatalf("Down carries %+v, want %+v", ev.Metadata, m)
+		}
+	})
+
+	t.Run("reports a re-registration under a new lease as Down then Up", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		ctx, prefix := testCtx(t), prefixFor(t)
+		w := wtSynced(t, ctx, cli, WatcherOptions{Prefix: prefix})
+		old, m := meta("a"), meta("a")
+		m.StartedAt = 42
+		wtPut(t, cli, prefix, old, wtGrant(t, cli))
+		expect(t, w, HostUp, "a")
+
+		// A restart: the key goes, then comes back under another lease.
+		if _, err := cli.Delete(ctx, prefix+"a"); err != nil {
+			t.Fatal(err)
+		}
+		wtCheck(t, expect(t, w, HostDown, "a"), old, 0, false)
+		rev := wtPut(t, cli, prefix, m, wtGrant(t, cli))
+		wtCheck(t, expect(t, w, HostUp, "a"), m, rev, false)
+
+		// A takeover: one put over the key, under another lease.
+		m2 := m
+		m2.StartedAt = 43
+		rev = wtPut(t, cli, prefix, m2, wtGrant(t, cli))
+		wtCheck(t, expect(t, w, HostDown, "a"), m, rev, false)
+		wtCheck(t, expect(t, w, HostUp, "a"), m2, rev, false)
+		quiet(t, cli, w, prefix)
+	})
+
+	t.Run("reports a takeover by another agent as Down then Up", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		ctx, prefix := testCtx(t), prefixFor(t)
+		w := wtSynced(t, ctx, cli, WatcherOptions{Prefix: prefix})
+		first, second := meta("a"), meta("a")
+		second.Hostname = "replacement"
+		opts := LivenessOptions{Prefix: prefix, TTL: time.Second}
+		h1, err := RegisterHostLiveness(ctx, srv.NewClient(t), first, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { h1.Stop(context.Background()) })
+		wtCheck(t, expect(t, w, HostUp, "a"), first, 0, false)
+		opts.Takeover = true
+		h2, err := RegisterHostLiveness(ctx, cli, second, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { h2.Stop(context.Background()) })
+		down := expect(t, w, HostDown, "a")
+		up := expect(t, w, HostUp, "a")
+		wtCheck(t, down, first, 0, false)
+		wtCheck(t, up, second, down.Revision, false)
+		// The first agent gives up instead of fighting back.
+		if !closedWithin(h1.Done()) {
+			t.Fatal("taken-over registration still running")
+		}
+		quiet(t, cli, w, prefix)
+		if got := w.Hosts(); !reflect.DeepEqual(got, []HostMetadata{second}) {
+			t.Fatalf("Hosts %+v, want the new owner's metadata", got)
+		}
+	})
+
+	t.Run("skips values that are not hosts and reports a host turned garbage Down", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		ctx, prefix := testCtx(t), prefixFor(t)
+		log := &wtLog{}
+		put := func(key, val string) {
+			t.Helper()
+			if _, err := cli.Put(ctx, key, val); err != nil {
+				t.Fatal(err)
+			}
+		}
+		put(prefix+"junk", "not json")
+		put(prefix+"ok", wtJSON(meta("ok")))
+		w := wtWatch(t, ctx, cli, WatcherOptions{Prefix: prefix, Logger: log.logger()})
+		expect(t, w, HostUp, "ok")
+		if !closedWithin(w.Synced()) {
+			t.Fatal("Synced not closed")
+		}
+		if !log.has("coord: skipping value that is not a host", prefix+"junk") {
+			t.Fatalf("no record of the skipped snapshot value; log:\n%s", log)
+		}
+
+		put(prefix+"a", wtJSON(meta("a")))
+		expect(t, w, HostUp, "a")
+		put(prefix+"a", `{"host_uuid":`)
+		wtCheck(t, expect(t, w, HostDown, "a"), meta("a"), 0, false)
+
+		// None of these is a host: no event, nothing in Hosts.
+		notHosts := map[string]string{
+			prefix + "m":   wtJSON(meta("other")), // names another host
+			prefix + "x/y": wtJSON(meta("x/y")),   // nested below the prefix
+			prefix + "n/o": wtJSON(meta("o")),
+			prefix:         `{"host_uuid":""}`, // the prefix key itself
+		}
+		for k, v := range notHosts {
+			put(k, v)
+		}
+		for k := range notHosts {
+			if _, err := cli.Delete(ctx, k); err != nil {
+				t.Fatal(err)
+			}
+		}
+		quiet(t, cli, w, prefix)
+		for _, k := range append(slices.Collect(maps.Keys(notHosts)), prefix+"a") {
+			if !log.has("coord: skipping value that is not a host", k) {
+				t.Errorf("no record of the skipped value at %q; log:\n%s", k, log)
+			}
+		}
+		if got := w.Hosts(); !reflect.DeepEqual(got, []HostMetadata{meta("ok")}) {
+			t.Fatalf("Hosts %+v, want only ok", got)
+		}
+		if w.Err() != nil {
+			t.Fatalf("Err %v", w.Err())
+		}
+	})
+
+	t.Run("leaves Self out of events and Hosts", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		ctx, prefix := testCtx(t), prefixFor(t)
+		lease := wtGrant(t, cli)
+		wtPut(t, cli, prefix, meta("me"), lease)
+		wtPut(t, cli, prefix, meta("other"), lease)
+		w := wtWatch(t, ctx, cli, WatcherOptions{Prefix: prefix, Self: "me"})
+		expect(t, w, HostUp, "other")
+		if !closedWithin(w.Synced()) {
+			t.Fatal("Synced not closed")
+		}
+		m := meta("me")
+		m.Version = "2.0"
+		wtPut(t, cli, prefix, m, lease)                         // updated
+		wtPut(t, cli, prefix, m, wtGrant(t, cli))               // re-registered
+		if _, err := cli.Delete(ctx, prefix+"me"); err != nil { // down
+			t.Fatal(err)
+		}
+		wtPut(t, cli, prefix, meta("me"), lease) // up
+		quiet(t, cli, w, prefix)
+		if got := w.Hosts(); len(got) != 1 || got[0].HostUUID != "other" {
+			t.Fatalf("Hosts %+v, want only other", got)
+		}
+	})
+
+	t.Run("keeps Hosts sorted by HostUUID and equal to the replica", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		ctx, prefix := testCtx(t), prefixFor(t)
+		lease := wtGrant(t, cli)
+		for _, id := range []string{"m", "c", "x"} {
+			wtPut(t, cli, prefix, meta(id), lease)
+		}
+		w := wtWatch(t, ctx, cli, WatcherOptions{Prefix: prefix})
+		r := newWtReplica(t)
+		for range 3 {
+			r.apply(next(t, w))
+		}
+		for _, id := range []string{"q", "a", "z", "b"} {
+			wtPut(t, cli, prefix, meta(id), lease)
+			r.apply(next(t, w))
+		}
+		if _, err := cli.Delete(ctx, prefix+"m"); err != nil {
+			t.Fatal(err)
+		}
+		r.apply(next(t, w))
+		got := w.Hosts()
+		if !slices.IsSortedFunc(got, func(a, b HostMetadata) int { return strings.Compare(a.HostUUID, b.HostUUID) }) {
+			t.Fatalf("Hosts not sorted: %v", wtIDs(got))
+		}
+		if want := wtSorted(r.hosts); !reflect.DeepEqual(got, want) {
+			t.Fatalf("Hosts %v, replica %v", wtIDs(got), wtIDs(want))
+		}
+		if ids := wtIDs(got); !slices.Equal(ids, []string{"a", "b", "c", "q", "x", "z"}) {
+			t.Fatalf("Hosts %v", ids)
+		}
+	})
+
+	t.Run("after a compaction resyncs and emits only the differences", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		ctx, prefix := testCtx(t), prefixFor(t)
+		lease := wtGrant(t, cli)
+		for _, id := range []string{"keep", "gone", "upd", "relet"} {
+			wtPut(t, cli, prefix, meta(id), lease)
+		}
+		px := srv.NewProxy(t)
+		log := &wtLog{}
+		w := wtWatch(t, ctx, px.NewClient(t), WatcherOptions{Prefix: prefix, Logger: log.logger()})
+		r := newWtReplica(t)
+		for range 4 {
+			r.apply(next(t, w))
+		}
+		if !closedWithin(w.Synced()) {
+			t.Fatal("Synced not closed")
+		}
+
+		// Why this forces a resync: the blackhole drops the events etcd
+		// sends, so the watcher's client still means to watch from the
+		// snapshot's revision+1. On its own, Unblackhole would let the
+		// same stream carry on and the dropped events would simply be
+		// lost (a proxy artefact: TCP never drops bytes from a live
+		// connection). Stopping etcd closes every connection, so the
+		// client reconnects and re-creates its watch from that revision,
+		// which the compaction has removed: etcd answers ErrCompacted.
+		px.Blackhole()
+		wtPut(t, cli, prefix, meta("new"), lease)
+		if _, err := cli.Delete(ctx, prefix+"gone"); err != nil {
+			t.Fatal(err)
+		}
+		upd, relet := meta("upd"), meta("relet")
+		upd.Version, relet.StartedAt = "2.0", 7
+		wtPut(t, cli, prefix, upd, lease)
+		wtPut(t, cli, prefix, relet, wtGrant(t, cli))
+		rev := srv.Compact(ctx)
+		// Stopped before Unblackhole, so that no reconnection can start
+		// while bytes are still being dropped.
+		srv.Stop()
+		px.Unblackhole()
+		srv.Restart()
+
+		got := map[string]HostEvent{}
+		for range 5 {
+			ev := next(t, w)
+			r.apply(ev)
+			if !ev.Synthetic || ev.Revision != rev {
+				t.Fatalf("resync event %+v, want synthetic at revision %d", ev, rev)
+			}
+			got[ev.Kind.String()+" "+ev.HostUUID] = ev
+		}
+		want := map[string]HostMetadata{
+			"up new": meta("new"), "down gone": meta("gone"), "updated upd": upd,
+			"down relet": meta("relet"), "up relet": relet,
+		}
+		for k, m := range want {
+			if ev, ok := got[k]; !ok || !reflect.DeepEqual(ev.Metadata, m) {
+				t.Fatalf("resync events %v: want %s with %+v", slices.Sorted(maps.Keys(got)), k, m)
+			}
+		}
+		quiet(t, cli, w, prefix) // nothing else, no event for keep
+		if truth := wtTruth(t, cli, prefix); !reflect.DeepEqual(r.hosts, truth) {
+			t.Fatalf("replica %v, etcd %v", slices.Sorted(maps.Keys(r.hosts)), slices.Sorted(maps.Keys(truth)))
+		}
+		if !log.has("coord: host watch broke, resyncing", "") || !strings.Contains(log.String(), rpctypes.ErrCompacted.Error()) {
+			t.Fatalf("no record of a resync after ErrCompacted; log:\n%s", log)
+		}
+	})
+
+	t.Run("keeps running across an etcd restart", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		ctx, prefix := testCtx(t), prefixFor(t)
+		w := wtSynced(t, ctx, cli, WatcherOptions{Prefix: prefix})
+		wtPut(t, cli, prefix, meta("a"), 0)
+		expect(t, w, HostUp, "a")
+		srv.Stop()
+		down, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		_, err := cli.Put(down, prefix+"b", wtJSON(meta("b")))
+		cancel()
+		if err == nil {
+			t.Fatal("put succeeded while etcd was stopped")
+		}
+		srv.Restart()
+		rev := wtPut(t, cli, prefix, meta("b"), 0)
+		ev := expect(t, w, HostUp, "b")
+		// The watch resumes where it was: nothing to resync.
+		wtCheck(t, ev, meta("b"), rev, false)
+		if _, err := cli.Delete(ctx, prefix+"a"); err != nil {
+			t.Fatal(err)
+		}
+		expect(t, w, HostDown, "a")
+		if w.Err() != nil {
+			t.Fatalf("Err %v", w.Err())
+		}
+	})
+
+	t.Run("retries listing while etcd's answer cannot be read", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		ctx, prefix := testCtx(t), prefixFor(t)
+		// A client that cannot receive a list of 50 hosts.
+		cfg := srv.ClientConfig()
+		cfg.MaxCallRecvMsgSize = 4096
+		small, err := clientv3.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { small.Close() })
+		lease := wtGrant(t, cli)
+		for i := range 50 {
+			wtPut(t, cli, prefix, meta(fmt.Sprintf("h%02d", i)), lease)
+		}
+		log := &wtLog{}
+		w := wtWatch(t, ctx, small, WatcherOptions{Prefix: prefix, Logger: log.logger()})
+		wtEventually(t, "a failed list", func() bool { return log.has("coord: list hosts failed, retrying", "") })
+		if wtClosed(w.Synced()) {
+			t.Fatal("Synced closed without a snapshot")
+		}
+		// Once the answer fits, the next try gets the snapshot.
+		for _, p := range []string{"h1", "h2", "h3", "h4"} {
+			if _, err := cli.Delete(ctx, prefix+p, clientv3.WithPrefix()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		r := newWtReplica(t)
+		for range 10 {
+			r.apply(next(t, w))
+		}
+		if !closedWithin(w.Synced()) {
+			t.Fatal("Synced not closed")
+		}
+		if truth := wtTruth(t, cli, prefix); !reflect.DeepEqual(r.hosts, truth) {
+			t.Fatalf("replica %v, etcd %v", slices.Sorted(maps.Keys(r.hosts)), slices.Sorted(maps.Keys(truth)))
+		}
+		if w.Err() != nil {
+			t.Fatalf("Err %v", w.Err())
+		}
+	})
+
+	t.Run("Close is idempotent, closes Events and leaves Err nil", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		ctx, prefix := testCtx(t), prefixFor(t)
+		w := wtSynced(t, ctx, cli, WatcherOptions{Prefix: prefix})
+		var wg sync.WaitGroup
+		errs := make(chan error, 3)
+		for range 3 {
+			wg.Go(func() { errs <- w.Close() })
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatalf("Close: %v", err)
+			}
+		}
+		wtEnded(t, w)
+		if err := w.Close(); err != nil {
+			t.Fatalf("Close again: %v", err)
+		}
+		if w.Err() != nil {
+			t.Fatalf("Err %v after Close", w.Err())
+		}
+	})
+
+	t.Run("ending ctx closes Events with Err nil", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		ctx, cancel := context.WithCancel(testCtx(t))
+		w := wtSynced(t, ctx, cli, WatcherOptions{Prefix: prefixFor(t)})
+		cancel()
+		wtEnded(t, w)
+		if w.Err() != nil {
+			t.Fatalf("Err %v after ctx ended", w.Err())
+		}
+	})
+
+	t.Run("closing the client closes Events with Err wrapping ErrClientClosed", func(t *testing.T) {
+		srv, _ := newEtcd(t)
+		ctx, prefix := testCtx(t), prefixFor(t)
+		// While watching.
+		c := srv.NewClient(t)
+		w := wtSynced(t, ctx, c, WatcherOptions{Prefix: prefix})
+		c.Close()
+		wtEnded(t, w)
+		if !errors.Is(w.Err(), ErrClientClosed) {
+			t.Fatalf("Err %v, want ErrClientClosed", w.Err())
+		}
+		// Before the first list: the etcd client would retry the list on
+		// its closed connection for 2.5s; the watcher ends at once.
+		c = srv.NewClient(t)
+		c.Close()
+		start := time.Now()
+		w = wtWatch(t, ctx, c, WatcherOptions{Prefix: prefix})
+		wtEnded(t, w)
+		if !errors.Is(w.Err(), ErrClientClosed) {
+			t.Fatalf("Err %v, want ErrClientClosed", w.Err())
+		}
+		if d := time.Since(start); d > time.Second*scale {
+			t.Fatalf("ended %v after the start on a closed client", d)
+		}
+	})
+
+	t.Run("closes Events with Err saying why when etcd refuses for good", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		ctx, prefix := testCtx(t), prefixFor(t)
+		for _, step := range []func() error{
+			func() error { _, err := cli.RoleAdd(ctx, "root"); return err },
+			func() error {
+				_, err := cli.UserAddWithOptions(ctx, "root", "", &clientv3.UserAddOptions{NoPassword: true})
+				return err
+			},
+			func() error { _, err := cli.UserGrantRole(ctx, "root", "root"); return err },
+			func() error { _, err := cli.UserAdd(ctx, "nobody", "nobody"); return err },
+			func() error { _, err := cli.AuthEnable(ctx); return err },
+		} {
+			if err := step(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		cfg := srv.ClientConfig()
+		cfg.Username, cfg.Password = "nobody", "nobody"
+		c, err := clientv3.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		log := &wtLog{}
+		w := wtWatch(t, ctx, c, WatcherOptions{Prefix: prefix, Logger: log.logger()})
+		wtEnded(t, w)
+		if !errors.Is(w.Err(), rpctypes.ErrPermissionDenied) || !strings.Contains(w.Err().Error(), prefix) {
+			t.Fatalf("Err %v, want permission denied on %q", w.Err(), prefix)
+		}
+		if wtClosed(w.Synced()) {
+			t.Fatal("Synced closed without a snapshot")
+		}
+		if !log.has("coord: host watcher ended", "") {
+			t.Fatalf("no record of the end; log:\n%s", log)
+		}
+	})
+
+	t.Run("refuses bad options and starts nothing", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		ctx := testCtx(t)
+		// Once etcd has answered, its own goroutines are all started.
+		if _, err := cli.Get(ctx, "x"); err != nil {
+			t.Fatal(err)
+		}
+		defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+		for _, tc := range []struct {
+			cli  *clientv3.Client
+			opts WatcherOptions
+			want error
+		}{
+			{nil, WatcherOptions{}, ErrNilClient},
+			{cli, WatcherOptions{Prefix: "/coord/hosts"}, ErrInvalidKey},
+			{cli, WatcherOptions{Buffer: -1}, ErrInvalidBuffer},
+		} {
+			w, err := NewHostWatcher(ctx, tc.cli, tc.opts)
+			if !errors.Is(err, tc.want) || w != nil {
+				t.Errorf("NewHostWatcher(%+v) = %v, %v; want nil, %v", tc.opts, w, err, tc.want)
+			}
+		}
+	})
+
+	t.Run("watches HostsPrefix by default", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		ctx := testCtx(t)
+		wtPut(t, cli, HostsPrefix, meta("a"), 0)
+		w := wtWatch(t, ctx, cli, WatcherOptions{})
+		if ev := expect(t, w, HostUp, "a"); !ev.Synthetic {
+			t.Fatalf("snapshot Up %+v", ev)
+		}
+		if cap(w.Events()) != DefaultWatcherBuffer {
+			t.Fatalf("Events capacity %d, want %d", cap(w.Events()), DefaultWatcherBuffer)
+		}
+	})
+
+	t.Run("names the event kinds up, down and updated, and unknown values by number", func(t *testing.T) {
+		for k, want := range map[HostEventKind]string{
+			HostUp: "up", HostDown: "down", HostUpdated: "updated", HostEventKind(7): "HostEventKind(7)",
+		} {
+			if got := k.String(); got != want {
+				t.Errorf("HostEventKind(%d).String() = %q, want %q", int(k), got, want)
+			}
+		}
+	})
+}
+
+// wtWatch starts a watcher closed when the test ends.
+func wtWatch(t *testing.T, ctx context.Context, cli *clientv3.Client, opts WatcherOptions) *HostWatcher {
+	t.Helper()
+	w, err := NewHostWatcher(ctx, cli, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+	return w
+}
+
+// wtSynced starts a watcher on an empty prefix and waits for its Synced.
+func wtSynced(t *testing.T, ctx context.Context, cli *clientv3.Client, opts WatcherOptions) *HostWatcher {
+	t.Helper()
+	w := wtWatch(t, ctx, cli, opts)
+	if !closedWithin(w.Synced()) {
+		t.Fatal("Synced not closed")
+	}
+	return w
+}
+
+// wtEnded checks that Events closes, with no event left, and Wait returns.
+func wtEnded(t *testing.T, w *HostWatcher) {
+	t.Helper()
+	select {
+	case ev, ok := <-w.Events():
+		if ok {
+			t.Fatalf("event %+v, want Events closed", ev)
+		}
+	case <-time.After(patience()):
+		t.Fatal("Events not closed")
+	}
+	waited := make(chan struct{})
+	go func() { w.Wait(); close(waited) }()
+	if !closedWithin(waited) {
+		t.Fatal("Wait did not return")
+	}
+}
+
+// wtCheck checks an event's metadata, revision (unless 0) and origin.
+func wtCheck(t *testing.T, ev HostEvent, m HostMetadata, rev int64, synthetic bool) {
+	t.Helper()
+	if !reflect.DeepEqual(ev.Metadata, m) || (rev != 0 && ev.Revision != rev) || ev.Synthetic != synthetic {
+		t.Fatalf("event %+v, want metadata %+v, revision %d, synthetic %v", ev, m, rev, synthetic)
+	}
+}
+
+// wtClosed reports whether c is closed now.
+func wtClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// wtEventually waits until cond holds, failing the test after patience.
+func wtEventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(patience())
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("no %s before the deadline", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// wtGrant grants a lease that outlives the test.
+func wtGrant(t *testing.T, cli *clientv3.Client) clientv3.LeaseID {
+	t.Helper()
+	g, err := cli.Grant(testCtx(t), 300)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g.ID
+}
+
+// wtPut writes m at its key under lease (none if 0) and returns the revision.
+func wtPut(t *testing.T, cli *clientv3.Client, prefix string, m HostMetadata, lease clientv3.LeaseID) int64 {
+	t.Helper()
+	var opts []clientv3.OpOption
+	if lease != 0 {
+		opts = append(opts, clientv3.WithLease(lease))
+	}
+	resp, err := cli.Put(testCtx(t), prefix+m.HostUUID, wtJSON(m), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.Header.Revision
+}
+
+func wtJSON(m HostMetadata) string {
+	b, _ := json.Marshal(m)
+	return string(b)
+}
+
+// wtTruth reads the hosts etcd holds under prefix, as a watcher should see them.
+func wtTruth(t *testing.T, cli *clientv3.Client, prefix string) map[string]HostMetadata {
+	t.Helper()
+	resp, err := cli.Get(testCtx(t), prefix, clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]HostMetadata{}
+	for _, kv := range resp.Kvs {
+		if m, err := decodeHost(prefix, kv.Key, kv.Value); err == nil {
+			out[m.HostUUID] = m
+		}
+	}
+	return out
+}
+
+func wtSorted(hosts map[string]HostMetadata) []HostMetadata {
+	out := make([]HostMetadata, 0, len(hosts))
+	for _, id := range slices.Sorted(maps.Keys(hosts)) {
+		out = append(out, hosts[id])
+	}
+	return out
+}
+
+func wtIDs(hosts []HostMetadata) []string {
+	var ids []string
+	for _, h := range hosts {
+		ids = append(ids, h.HostUUID)
+	}
+	return ids
+}
+
+// wtReplica is a consumer's copy of the host set, built from events. It
+// fails the test on an event that does not fit the copy.
+type wtReplica struct {
+	t     *testing.T
+	hosts map[string]HostMetadata
+	ups   map[string]int
+}
+
+func newWtReplica(t *testing.T) *wtReplica {
+	return &wtReplica{t: t, hosts: map[string]HostMetadata{}, ups: map[string]int{}}
+}
+
+func (r *wtReplica) apply(ev HostEvent) {
+	r.t.Helper()
+	old, had := r.hosts[ev.HostUUID]
+	switch ev.Kind {
+	case HostUp:
+		if had {
+			r.t.Fatalf("Up of host %s already up", ev.HostUUID)
+		}
+		r.ups[ev.HostUUID]++
+		r.hosts[ev.HostUUID] = ev.Metadata
+	case HostUpdated:
+		if !had {
+			r.t.Fatalf("Updated of unknown host %s", ev.HostUUID)
+		}
+		r.hosts[ev.HostUUID] = ev.Metadata
+	case HostDown:
+		if !had || !reflect.DeepEqual(old, ev.Metadata) {
+			r.t.Fatalf("Down of host %s carries %+v, want the last metadata %+v (known: %v)", ev.HostUUID, ev.Metadata, old, had)
+		}
+		delete(r.hosts, ev.HostUUID)
+	default:
+		r.t.Fatalf("event of kind %v", ev.Kind)
+	}
+}
+
+// wtLog collects a logger's JSON records; safe for concurrent use.
+type wtLog struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *wtLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *wtLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+func (l *wtLog) logger() *slog.Logger {
+	return slog.New(slog.NewJSONHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+// has reports whether a record with msg (and key, unless "") was logged.
+func (l *wtLog) has(msg, key string) bool {
+	for line := range strings.Lines(l.String()) {
+		var rec map[string]any
+		if json.Unmarshal([]byte(line), &rec) == nil && rec["msg"] == msg && (key == "" || rec["key"] == key) {
+			return true
+		}
+	}
+	return false
+}

@@ -266,12 +266,14 @@ func (e *Election) waitTurn(ctx context.Context, s *session, key string, rev int
 		if !resp.Succeeded {
 			return 0, fmt.Errorf("coord: campaign %q: our key was deleted: %w", e.key, ErrLeadershipLost)
 		}
-		if len(resp.Responses[0].GetResponseRange().Kvs) == 0 {
+		ahead := resp.Responses[0].GetResponseRange().Kvs
+		if len(ahead) == 0 {
 			return resp.Header.Revision, nil
 		}
 		if !wait {
 			return 0, nil
 		}
+		e.log.Debug("coord: campaign waits for its turn", "token", rev, "behind", string(ahead[0].Key))
 		// Someone is ahead: wait for any delete under the prefix (theirs, or
 		// ours by someone else), then look again.
 		for wr := range e.cli.Watch(wctx, e.prefix, clientv3.WithPrefix(), clientv3.WithFilterPut(),
@@ -325,7 +327,8 @@ func (e *Election) monitor(l *leadership, rev int64) {
 			return
 		case wr, ok := <-wch:
 			if len(wr.Events) > 0 {
-				e.log.Warn("coord: leader key deleted, leadership lost", "token", l.rev)
+				// Ours, by Resign, or someone else's: either way it ends.
+				e.log.Info("coord: leader key deleted, leadership ended", "token", l.rev)
 				return
 			}
 			if !ok || wr.Err() != nil {

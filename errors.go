@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 )
 
 // Sentinel errors. Errors returned by coord wrap them (test with errors.Is)
@@ -25,7 +25,8 @@ var (
 	// ErrInvalidTTL is returned for a TTL that is negative or not a whole
 	// number of seconds.
 	ErrInvalidTTL = errors.New("coord: invalid TTL")
-	// ErrInvalidBuffer is returned for a negative WatcherOptions.Buffer.
+	// ErrInvalidBuffer is returned for a negative WatcherOptions.Buffer or
+	// MaxBacklog.
 	ErrInvalidBuffer = errors.New("coord: invalid buffer size")
 	// ErrHostExists is returned when the host key is held by another live
 	// lease, and is the Err of a registration that was taken over.
@@ -44,10 +45,11 @@ var (
 	ErrLeadershipLost = errors.New("coord: leadership lost")
 )
 
-// fatal reports whether err from etcd will not go away by retrying:
-// the caller's context ended, the client was closed, or etcd refused the
-// request for good (permission denied, bad request, request too large).
-// It returns nil for errors worth retrying.
+// fatal returns the error that ends the caller's work for good when err
+// (or the state of ctx and the client) says it will not go away by
+// retrying: ctx ended, the client was closed, or etcd refused the request
+// (permission denied, bad request, request too large). It returns nil for
+// errors worth retrying.
 func fatal(ctx context.Context, cli *clientv3.Client, err error) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
@@ -55,21 +57,19 @@ func fatal(ctx context.Context, cli *clientv3.Client, err error) error {
 	if cli.Ctx().Err() != nil {
 		return ErrClientClosed
 	}
-	switch status.Code(toGRPC(err)) {
-	case codes.PermissionDenied, codes.InvalidArgument:
-		return err
+	if ee, ok := etcdError(err); ok && (ee.Code() == codes.PermissionDenied || ee.Code() == codes.InvalidArgument) {
+		return ee
 	}
 	return nil
 }
 
-// toGRPC turns the etcd client's typed errors back into status errors so
-// their code can be read.
-func toGRPC(err error) error {
+// etcdError returns the etcd error err is, also when only its text is
+// left: a watch that etcd refuses reports the refusal as text.
+func etcdError(err error) (rpctypes.EtcdError, bool) {
+	_, desc, _ := strings.Cut(fmt.Sprint(err), "desc = ")
 	var ee rpctypes.EtcdError
-	if errors.As(err, &ee) {
-		return status.Error(ee.Code(), ee.Error())
-	}
-	return err
+	ok := errors.As(rpctypes.Error(err), &ee) || errors.As(rpctypes.Error(errors.New(desc)), &ee)
+	return ee, ok
 }
 
 // opErr wraps err, from an etcd call, with what was being done. The etcd

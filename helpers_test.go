@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -200,5 +201,53 @@ func (l *logTap) wait(t *testing.T, msg string, n int) {
 		case <-deadline:
 			t.Fatalf("no %d× log record %q before the deadline", n, msg)
 		}
+	}
+}
+
+// enableAuth turns auth on in srv: a root user, and one user per entry of
+// grants (password = name) whose role may read and write the given
+// prefixes. It returns a function that opens a client logged in as a user.
+func enableAuth(t *testing.T, srv *coordtest.Server, grants map[string][]string) func(user string) *clientv3.Client {
+	t.Helper()
+	ctx := testCtx(t)
+	cli := srv.Client()
+	must := func(_ any, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(cli.UserAdd(ctx, "root", "root"))
+	must(cli.UserGrantRole(ctx, "root", "root"))
+	for user, prefixes := range grants {
+		must(cli.RoleAdd(ctx, user))
+		for _, p := range prefixes {
+			must(cli.RoleGrantPermission(ctx, user, p, clientv3.GetPrefixRangeEnd(p), clientv3.PermissionType(clientv3.PermReadWrite)))
+		}
+		must(cli.UserAdd(ctx, user, user))
+		must(cli.UserGrantRole(ctx, user, user))
+	}
+	must(cli.AuthEnable(ctx))
+	return func(user string) *clientv3.Client {
+		cfg := srv.ClientConfig()
+		cfg.Username, cfg.Password = user, user
+		c, err := clientv3.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+}
+
+// dump logs every record of the tap into the test log.
+func (l *logTap) dump(t *testing.T) {
+	root := l.root()
+	root.mu.Lock()
+	defer root.mu.Unlock()
+	for _, r := range root.recs {
+		var b strings.Builder
+		r.Attrs(func(a slog.Attr) bool { fmt.Fprintf(&b, " %s=%v", a.Key, a.Value); return true })
+		t.Logf("%s %s%s", r.Level, r.Message, b.String())
 	}
 }

@@ -24,7 +24,8 @@ type keeper struct {
 	log *slog.Logger
 
 	cancel    context.CancelFunc
-	lost      chan struct{} // closed by run when the lease is gone for good; err says why
+	lost      context.Context // ended by run when the lease is gone for good; err says why
+	endLost   context.CancelFunc
 	stale     chan struct{} // closed by run once renewals went unanswered for 2/3 of the TTL
 	done      chan struct{} // closed when run returns
 	err       error
@@ -36,8 +37,9 @@ func startKeeper(cli *clientv3.Client, id clientv3.LeaseID, ttl time.Duration, s
 	ctx, cancel := context.WithCancel(context.Background())
 	k := &keeper{
 		cli: cli, id: id, ttl: ttl, log: log, cancel: cancel,
-		lost: make(chan struct{}), stale: make(chan struct{}), done: make(chan struct{}),
+		stale: make(chan struct{}), done: make(chan struct{}),
 	}
+	k.lost, k.endLost = context.WithCancel(context.Background())
 	go k.run(ctx, sent)
 	return k
 }
@@ -46,6 +48,7 @@ func startKeeper(cli *clientv3.Client, id clientv3.LeaseID, ttl time.Duration, s
 func (k *keeper) stop() {
 	k.cancel()
 	<-k.done
+	k.endLost()
 }
 
 func (k *keeper) run(ctx context.Context, renewed time.Time) {
@@ -97,7 +100,7 @@ func (k *keeper) markStale() {
 
 func (k *keeper) end(err error) {
 	k.err = err
-	close(k.lost)
+	k.endLost()
 }
 
 // revoke revokes a lease, within ttl at most. A lease that is already gone
@@ -147,7 +150,7 @@ func startSession(ctx, parent context.Context, cli *clientv3.Client, ttl time.Du
 	sent := time.Now()
 	g, err := cli.Grant(ctx, int64(ttl/time.Second))
 	if err != nil {
-		return nil, opErr("grant session lease", err)
+		return nil, fmt.Errorf("grant session lease: %w", err)
 	}
 	s := &session{cli: cli, id: g.ID, ttl: time.Duration(g.TTL) * time.Second, log: log.With("lease", hexID(g.ID))}
 	s.parent = parent
@@ -161,7 +164,7 @@ func startSession(ctx, parent context.Context, cli *clientv3.Client, ttl time.Du
 func (s *session) run(k *keeper, wg *sync.WaitGroup) {
 	defer wg.Done()
 	select {
-	case <-k.lost:
+	case <-k.lost.Done():
 		s.end(k.err)
 	case <-k.stale:
 		s.end(errors.New("coord: lease renewals unanswered"))

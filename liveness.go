@@ -168,7 +168,7 @@ func (h *HostLiveness) run(ctx context.Context, reg registration) {
 	var err error
 	for {
 		err = h.hold(ctx, reg)
-		if ctx.Err() != nil || errors.Is(err, ErrHostExists) || errors.Is(err, ErrClientClosed) {
+		if errors.Is(err, ErrHostExists) || fatal(ctx, h.cli, err) != nil {
 			break
 		}
 		h.log.Warn("coord: host registration lost, healing", "key", h.key, "lease", hexID(reg.lease), "err", err)
@@ -183,14 +183,17 @@ func (h *HostLiveness) run(ctx context.Context, reg registration) {
 	h.finish(err)
 }
 
-// hold keeps reg alive and returns why it ended. The key's watch is the
-// judge: a lease that expires or is revoked deletes the key with it.
+// hold keeps reg alive and returns why it ended. The key is the judge: a
+// lease that expires or is revoked deletes the key with it.
 func (h *HostLiveness) hold(ctx context.Context, reg registration) error {
 	k := startKeeper(h.cli, reg.lease, reg.ttl, reg.sent, h.log)
 	defer k.stop()
-	// Cancelled on return: ends every watch opened below.
+	// Cancelled on return: ends every watch opened below. When etcd says
+	// the lease is gone, the watch ends too and the key is read again: the
+	// watch may have missed the delete (a connection that lost data).
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
+	defer context.AfterFunc(k.lost, cancel)()
 	rev := reg.rev
 	wch := h.cli.Watch(wctx, h.key, clientv3.WithRev(rev+1))
 	var r retry
@@ -200,8 +203,8 @@ func (h *HostLiveness) hold(ctx context.Context, reg registration) error {
 			return ctx.Err()
 		case wr, ok := <-wch:
 			if !ok || wr.Err() != nil {
-				if h.cli.Ctx().Err() != nil {
-					return ErrClientClosed
+				if err := fatal(ctx, h.cli, wr.Err()); err != nil {
+					return fmt.Errorf("coord: watch host key %q: %w", h.key, err)
 				}
 				// The watch broke (no leader, compaction): read the key
 				// and watch on from there.
@@ -254,7 +257,11 @@ func (h *HostLiveness) heal(ctx context.Context, old clientv3.LeaseID) (registra
 		case <-ctx.Done():
 			return registration{}, ctx.Err()
 		}
-		reg, err := h.register(ctx, false, false)
+		// Each attempt is bounded: one stuck on a member without leader
+		// is retried afresh rather than waiting silently.
+		actx, cancel := context.WithTimeout(ctx, max(h.reqTTL, attemptTimeout))
+		reg, err := h.register(actx, false, false)
+		cancel()
 		<-h.writes
 		if err == nil {
 			return reg, nil

@@ -23,10 +23,14 @@ const (
 	DefaultPoolTTL = 30 * time.Second
 	// DefaultWatcherBuffer is the default capacity of HostWatcher.Events.
 	DefaultWatcherBuffer = 128
+	// DefaultMaxBacklog is the default WatcherOptions.MaxBacklog.
+	DefaultMaxBacklog = 10000
 
 	// Heal backoff: capped exponential with jitter.
 	minBackoff = 50 * time.Millisecond
 	maxBackoff = 2 * time.Second
+	// attemptTimeout is the least time a heal attempt is given.
+	attemptTimeout = 2 * time.Second
 	// expirySlack is how late etcd may expire a lease after its TTL: its
 	// lessor checks for expired leases every 500ms; the rest covers a
 	// revoke's trip through raft.
@@ -61,6 +65,13 @@ type WatcherOptions struct {
 	// Buffer is the capacity of the Events channel; 0 means
 	// DefaultWatcherBuffer. Events are never dropped whatever its size.
 	Buffer int
+	// MaxBacklog bounds the events queued for a consumer that does not
+	// keep up, beyond twice the number of hosts it knows of: past it, the
+	// queue is replaced by the differences between what the consumer was
+	// sent and the current hosts (synthetic events). The consumer's replica
+	// stays exact; it skips the intermediate states. 0 means
+	// DefaultMaxBacklog; negative is an error.
+	MaxBacklog int
 	// Logger receives the watcher's records; nil discards them.
 	Logger *slog.Logger
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -58,6 +59,9 @@ type HostWatcher struct {
 	prefix string
 	self   string
 	log    *slog.Logger
+	// maxBacklog bounds the events queued for a consumer, beyond twice
+	// the hosts it knows of.
+	maxBacklog int
 
 	events chan HostEvent // closed by run when it ends
 	synced chan struct{}  // closed by run once the snapshot is in events
@@ -88,23 +92,27 @@ func NewHostWatcher(ctx context.Context, cli *clientv3.Client, opts WatcherOptio
 	if err != nil {
 		return nil, err
 	}
-	if opts.Buffer < 0 {
-		return nil, fmt.Errorf("%w: %d", ErrInvalidBuffer, opts.Buffer)
+	if opts.Buffer < 0 || opts.MaxBacklog < 0 {
+		return nil, fmt.Errorf("%w: Buffer %d, MaxBacklog %d", ErrInvalidBuffer, opts.Buffer, opts.MaxBacklog)
 	}
 	if opts.Buffer == 0 {
 		opts.Buffer = DefaultWatcherBuffer
 	}
+	if opts.MaxBacklog == 0 {
+		opts.MaxBacklog = DefaultMaxBacklog
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	w := &HostWatcher{
-		cli:    cli,
-		prefix: prefix,
-		self:   opts.Self,
-		log:    logger(opts.Logger).With("prefix", prefix),
-		events: make(chan HostEvent, opts.Buffer),
-		synced: make(chan struct{}),
-		cancel: cancel,
-		done:   make(chan struct{}),
-		hosts:  map[string]watched{},
+		cli:        cli,
+		prefix:     prefix,
+		self:       opts.Self,
+		maxBacklog: opts.MaxBacklog,
+		log:        logger(opts.Logger).With("prefix", prefix),
+		events:     make(chan HostEvent, opts.Buffer),
+		synced:     make(chan struct{}),
+		cancel:     cancel,
+		done:       make(chan struct{}),
+		hosts:      map[string]watched{},
 	}
 	go w.run(ctx)
 	return w, nil
@@ -126,7 +134,7 @@ func (w *HostWatcher) Hosts() []HostMetadata {
 	defer w.mu.Unlock()
 	out := make([]HostMetadata, 0, len(w.hosts))
 	for _, h := range w.hosts {
-		out = append(out, h.meta)
+		out = append(out, own(h.meta))
 	}
 	slices.SortFunc(out, func(a, b HostMetadata) int { return strings.Compare(a.HostUUID, b.HostUUID) })
 	return out
@@ -149,6 +157,13 @@ func (w *HostWatcher) Err() error {
 	return w.err
 }
 
+// queued is an event waiting for the consumer, with the host's state
+// after it (zero for Down).
+type queued struct {
+	ev HostEvent
+	h  watched
+}
+
 // run lists, then watches, and lists again whenever the watch breaks; it
 // delivers the queued events in between.
 func (w *HostWatcher) run(ctx context.Context) {
@@ -161,10 +176,11 @@ func (w *HostWatcher) run(ctx context.Context) {
 	defer ccancel()
 	defer context.AfterFunc(w.cli.Ctx(), ccancel)()
 	var (
-		queue    []HostEvent
-		listed   bool
-		syncLeft int // snapshot events not yet sent
-		r        retry
+		queue     []queued
+		delivered = map[string]watched{} // the consumer's replica
+		listed    bool
+		syncLeft  int // snapshot events not yet sent
+		r         retry
 	)
 	for {
 		resp, err := w.cli.Get(cctx, w.prefix, clientv3.WithPrefix())
@@ -177,23 +193,29 @@ func (w *HostWatcher) run(ctx context.Context) {
 			continue
 		}
 		r = retry{}
-		queue = append(queue, w.resync(resp.Kvs, resp.Header.Revision)...)
+		rev := resp.Header.Revision
+		queue = append(queue, w.resync(resp.Kvs, rev)...)
 		if !listed {
 			listed = true
 			syncLeft = w.syncStep(len(queue))
 		}
 		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-		wch := w.cli.Watch(wctx, w.prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+		wch := w.cli.Watch(wctx, w.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
 	deliver:
 		for {
 			var out chan<- HostEvent
 			var next HostEvent
 			if len(queue) > 0 {
-				out, next = w.events, queue[0]
+				out, next = w.events, queue[0].ev
 			}
 			select {
 			case out <- next:
-				queue[0] = HostEvent{}
+				if next.Kind == HostDown {
+					delete(delivered, next.HostUUID)
+				} else {
+					delivered[next.HostUUID] = queue[0].h
+				}
+				queue[0] = queued{}
 				queue = queue[1:]
 				if syncLeft > 0 {
 					syncLeft = w.syncStep(syncLeft - 1)
@@ -209,6 +231,17 @@ func (w *HostWatcher) run(ctx context.Context) {
 				}
 				for _, ev := range wr.Events {
 					queue = append(queue, w.apply(ev)...)
+				}
+				rev = wr.Header.Revision
+				if len(queue) > w.maxBacklog+2*len(delivered) {
+					// The consumer is far behind: what it needs is the
+					// difference between what it has and what is.
+					w.log.Info("coord: consumer behind, sending differences", "backlog", len(queue))
+					queue = w.catchUp(delivered, rev)
+					if syncLeft > 0 {
+						// The snapshot is delivered with the catch-up.
+						syncLeft = w.syncStep(len(queue))
+					}
 				}
 			}
 		}
@@ -244,46 +277,75 @@ func (w *HostWatcher) syncStep(left int) int {
 
 // resync replaces the view by a snapshot taken at rev and returns the
 // differences as synthetic events.
-func (w *HostWatcher) resync(kvs []*mvccpb.KeyValue, rev int64) []HostEvent {
+func (w *HostWatcher) resync(kvs []*mvccpb.KeyValue, rev int64) []queued {
+	now := make(map[string]watched, len(kvs))
+	for _, kv := range kvs {
+		if h, ok := w.decode(kv); ok {
+			now[h.meta.HostUUID] = h
+		}
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	var out []HostEvent
-	seen := make(map[string]bool, len(kvs))
-	for _, kv := range kvs {
-		h, ok := w.decode(kv)
+	out := diff(w.hosts, now, rev)
+	w.hosts = now
+	return out
+}
+
+// catchUp returns the synthetic events that take a consumer from what it
+// was sent to the current view.
+func (w *HostWatcher) catchUp(delivered map[string]watched, rev int64) []queued {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return diff(delivered, w.hosts, rev)
+}
+
+// diff returns the synthetic events, in HostUUID order, that turn the set
+// of hosts from into to.
+func diff(from, to map[string]watched, rev int64) []queued {
+	ids := make([]string, 0, len(to))
+	for id := range to {
+		ids = append(ids, id)
+	}
+	for id := range from {
+		if _, ok := to[id]; !ok {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	var out []queued
+	for _, id := range ids {
+		h, ok := to[id]
 		if !ok {
+			out = append(out, down(from[id], rev, true))
 			continue
 		}
-		seen[h.meta.HostUUID] = true
-		out = append(out, w.change(h, rev, true)...)
-	}
-	var gone []string
-	for id := range w.hosts {
-		if !seen[id] {
-			gone = append(gone, id)
-		}
-	}
-	slices.Sort(gone)
-	for _, id := range gone {
-		out = append(out, w.remove(id, rev, true)...)
+		out = append(out, transition(from, h, rev, true)...)
 	}
 	return out
 }
 
 // apply applies one watch event to the view and returns the host events.
-func (w *HostWatcher) apply(ev *clientv3.Event) []HostEvent {
+func (w *HostWatcher) apply(ev *clientv3.Event) []queued {
+	var h watched
+	ok := false
+	if ev.Type != mvccpb.DELETE {
+		h, ok = w.decode(ev.Kv)
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	id := strings.TrimPrefix(string(ev.Kv.Key), w.prefix)
-	if ev.Type == mvccpb.DELETE {
-		return w.remove(id, ev.Kv.ModRevision, false)
-	}
-	h, ok := w.decode(ev.Kv)
 	if !ok {
-		// Not a host (any more): as if deleted.
-		return w.remove(id, ev.Kv.ModRevision, false)
+		// A value that is not a host (any more) counts as deleted.
+		id := strings.TrimPrefix(string(ev.Kv.Key), w.prefix)
+		old, had := w.hosts[id]
+		if !had {
+			return nil
+		}
+		delete(w.hosts, id)
+		return []queued{down(old, ev.Kv.ModRevision, false)}
 	}
-	return w.change(h, ev.Kv.ModRevision, false)
+	out := transition(w.hosts, h, ev.Kv.ModRevision, false)
+	w.hosts[h.meta.HostUUID] = h
+	return out
 }
 
 // decode reads a host from kv; Self and values that are not hosts are
@@ -300,32 +362,31 @@ func (w *HostWatcher) decode(kv *mvccpb.KeyValue) (watched, bool) {
 	return watched{meta: m, lease: kv.Lease, modRev: kv.ModRevision}, true
 }
 
-// change records h and returns what changed. Called with mu held.
-func (w *HostWatcher) change(h watched, rev int64, synthetic bool) []HostEvent {
-	id := h.meta.HostUUID
-	old, had := w.hosts[id]
-	w.hosts[id] = h
-	ev := HostEvent{Kind: HostUp, HostUUID: id, Metadata: h.meta, Revision: rev, Synthetic: synthetic}
+// transition returns the events that take host h's entry in view to h.
+func transition(view map[string]watched, h watched, rev int64, synthetic bool) []queued {
+	old, had := view[h.meta.HostUUID]
+	up := queued{ev: HostEvent{Kind: HostUp, HostUUID: h.meta.HostUUID, Metadata: own(h.meta), Revision: rev, Synthetic: synthetic}, h: h}
 	switch {
 	case !had:
-		return []HostEvent{ev}
+		return []queued{up}
 	case old.lease != h.lease:
-		down := HostEvent{Kind: HostDown, HostUUID: id, Metadata: old.meta, Revision: rev, Synthetic: synthetic}
-		return []HostEvent{down, ev}
+		// Another lease: the host registered again.
+		return []queued{down(old, rev, synthetic), up}
 	case old.modRev != h.modRev:
-		ev.Kind = HostUpdated
-		return []HostEvent{ev}
+		up.ev.Kind = HostUpdated
+		return []queued{up}
 	}
 	return nil
 }
 
-// remove forgets host id and returns its Down, if it was known. Called with
-// mu held.
-func (w *HostWatcher) remove(id string, rev int64, synthetic bool) []HostEvent {
-	old, had := w.hosts[id]
-	if !had {
-		return nil
-	}
-	delete(w.hosts, id)
-	return []HostEvent{{Kind: HostDown, HostUUID: id, Metadata: old.meta, Revision: rev, Synthetic: synthetic}}
+// down returns the Down event of host h, carrying its last metadata.
+func down(h watched, rev int64, synthetic bool) queued {
+	return queued{ev: HostEvent{Kind: HostDown, HostUUID: h.meta.HostUUID, Metadata: own(h.meta), Revision: rev, Synthetic: synthetic}}
+}
+
+// own returns a copy of m that shares nothing with the watcher's view, so
+// that a consumer may change what it receives.
+func own(m HostMetadata) HostMetadata {
+	m.Labels = maps.Clone(m.Labels)
+	return m
 }

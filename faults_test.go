@@ -1,0 +1,303 @@
+package coord
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"github.com/go-coord/coord/coordtest"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Fault tests: each injects a fault the way real clusters fail and checks
+// what coord promises. FAULTS.md lists them with the figures measured.
+
+func TestFaultHostCutOff(t *testing.T) {
+	t.Run("a cut-off host is seen Down after its TTL and comes back Up under a new lease", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		p := srv.NewProxy(t)
+		tap, log := newLogTap()
+		h := register(t, p.NewClient(t), "a", LivenessOptions{TTL: time.Second, Logger: log})
+		w, err := NewHostWatcher(testCtx(t), cli, WatcherOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Close()
+		expect(t, w, HostUp, "a")
+		old := h.LeaseID()
+
+		p.Blackhole()
+		cut := time.Now()
+		down := expect(t, w, HostDown, "a")
+		downAfter := time.Since(cut)
+		if downAfter < h.TTL()/2 {
+			t.Fatalf("Down after %v, before the lease could expire", downAfter)
+		}
+		if down.Metadata.Hostname != "host-a" {
+			t.Fatalf("Down without metadata: %+v", down)
+		}
+		// Cut off for longer than 2/3 of the TTL, the keeper keeps trying.
+		tap.wait(t, "coord: lease renewals unanswered", 1)
+
+		p.Unblackhole()
+		healed := time.Now()
+		up := expect(t, w, HostUp, "a")
+		t.Logf("cut → Down %v (TTL %v); heal → Up %v", downAfter.Round(time.Millisecond), h.TTL(),
+			time.Since(healed).Round(time.Millisecond))
+		if up.Synthetic {
+			t.Fatal("Up after the heal should be a live event")
+		}
+		eventually(t, func() bool { return h.LeaseID() != old })
+		select {
+		case <-h.Done():
+			t.Fatalf("registration ended: %v", h.Err())
+		default:
+		}
+	})
+	t.Run("a delete missed while cut off is found when the watch comes back compacted", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		ctx := testCtx(t)
+		p := srv.NewProxy(t)
+		tap, log := newLogTap()
+		h := register(t, p.NewClient(t), "a", LivenessOptions{TTL: 5 * time.Second, Logger: log})
+		old := h.LeaseID()
+		// Cut off, the host misses the delete of its key; history is then
+		// compacted, and etcd restarted so that the host's watch must be
+		// re-created from its last revision, which is gone.
+		p.Blackhole()
+		if _, err := cli.Delete(ctx, h.Key()); err != nil {
+			t.Fatal(err)
+		}
+		for i := range 3 {
+			if _, err := cli.Put(ctx, fmt.Sprintf("/other/%d", i), "x"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		srv.Compact(ctx)
+		srv.Stop()
+		p.Unblackhole()
+		srv.Restart()
+		kv := waitKey(t, cli, h.Key(), heldByOtherThan(old))
+		eventually(t, func() bool { return clientv3.LeaseID(kv.Lease) == h.LeaseID() })
+		if tap.count("coord: host registration lost, healing") != 1 {
+			t.Fatal("expected exactly one heal")
+		}
+	})
+}
+
+func TestFaultAccessControl(t *testing.T) {
+	srv, _ := newEtcd(t)
+	login := enableAuth(t, srv, map[string][]string{"agent": {"/coord/"}, "nobody": nil})
+	t.Run("a user whose role reaches /coord/ can do everything", func(t *testing.T) {
+		cli := login("agent")
+		ctx := testCtx(t)
+		h := register(t, cli, "a", LivenessOptions{})
+		w, err := NewHostWatcher(ctx, cli, WatcherOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Close()
+		expect(t, w, HostUp, "a")
+		if err := h.Update(ctx, meta("a")); err != nil {
+			t.Fatal(err)
+		}
+		expect(t, w, HostUpdated, "a")
+		e, err := NewElection(ctx, cli, ElectionOptions{Key: "/coord/elections/x", TTL: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		if err := e.Campaign(ctx, "a"); err != nil {
+			t.Fatal(err)
+		}
+		if err := h.Stop(ctx); err != nil {
+			t.Fatal(err)
+		}
+		expect(t, w, HostDown, "a")
+	})
+	t.Run("a user without the permission gets a permission error at once", func(t *testing.T) {
+		cli := login("nobody")
+		ctx := testCtx(t)
+		start := time.Now()
+		if _, err := RegisterHostLiveness(ctx, cli, meta("b"), LivenessOptions{}); !errors.Is(err, rpctypes.ErrPermissionDenied) {
+			t.Fatalf("register: %v", err)
+		}
+		w, err := NewHostWatcher(ctx, cli, WatcherOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.Wait()
+		if !errors.Is(w.Err(), rpctypes.ErrPermissionDenied) {
+			t.Fatalf("watcher Err %v", w.Err())
+		}
+		e, err := NewElection(ctx, cli, ElectionOptions{Key: "/coord/elections/y", TTL: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		if err := e.Campaign(ctx, "b"); !errors.Is(err, rpctypes.ErrPermissionDenied) {
+			t.Fatalf("campaign: %v", err)
+		}
+		t.Logf("three refusals in %v", time.Since(start).Round(time.Millisecond))
+	})
+	t.Run("a registration whose permission is withdrawn ends with the permission error", func(t *testing.T) {
+		root := login("root")
+		ctx := testCtx(t)
+		tap, log := newLogTap()
+		defer tap.dump(t)
+		h := register(t, login("agent"), "c", LivenessOptions{Logger: log})
+		if _, err := root.RoleRevokePermission(ctx, "agent", "/coord/", clientv3.GetPrefixRangeEnd("/coord/")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := root.Delete(ctx, h.Key()); err != nil {
+			t.Fatal(err)
+		}
+		if !closedWithin(h.Done()) {
+			t.Fatal("registration did not end")
+		}
+		if !errors.Is(h.Err(), rpctypes.ErrPermissionDenied) {
+			t.Fatalf("Err %v", h.Err())
+		}
+	})
+}
+
+func TestFaultHealRefused(t *testing.T) {
+	t.Run("a heal refused for good ends the registration with the refusal", func(t *testing.T) {
+		srv, _ := newEtcd(t)
+		login := enableAuth(t, srv, map[string][]string{"agent": {"/coord/"}})
+		root := login("root")
+		ctx := testCtx(t)
+		h := register(t, login("agent"), "c", LivenessOptions{})
+		// The agent may still read (its watch goes on) but no longer write.
+		if _, err := root.RoleRevokePermission(ctx, "agent", "/coord/", clientv3.GetPrefixRangeEnd("/coord/")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := root.RoleGrantPermission(ctx, "agent", "/coord/", clientv3.GetPrefixRangeEnd("/coord/"),
+			clientv3.PermissionType(clientv3.PermRead)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := root.Delete(ctx, h.Key()); err != nil {
+			t.Fatal(err)
+		}
+		if !closedWithin(h.Done()) {
+			t.Fatal("registration did not end")
+		}
+		if !errors.Is(h.Err(), rpctypes.ErrPermissionDenied) || !strings.Contains(h.Err().Error(), "heal host key") {
+			t.Fatalf("Err %v", h.Err())
+		}
+	})
+}
+
+func TestFaultHealWithoutQuorum(t *testing.T) {
+	t.Run("a heal that meets a member without leader retries until it is back", func(t *testing.T) {
+		c := coordtest.NewCluster(t, 3)
+		m := c.Members()[0]
+		tap, log := newLogTap()
+		defer tap.dump(t)
+		h := register(t, m.NewClient(t), "a", LivenessOptions{TTL: time.Second, Logger: log})
+		old := h.LeaseID()
+		// Hold the heal at the write slot (as an Update in flight does),
+		// cut the host's member off from the others, then let the heal
+		// go: it meets a member that cannot grant it a lease.
+		h.writes <- struct{}{}
+		if _, err := c.Client().Delete(testCtx(t), h.Key()); err != nil {
+			t.Fatal(err)
+		}
+		tap.wait(t, "coord: host registration lost, healing", 1)
+		m.Isolate()
+		leaderless := m.NewClient(t)
+		eventually(t, func() bool {
+			ctx, cancel := context.WithTimeout(testCtx(t), 200*time.Millisecond)
+			defer cancel()
+			_, err := leaderless.Get(ctx, "x")
+			return err != nil
+		})
+		<-h.writes
+		tap.wait(t, "coord: heal attempt failed", 1)
+		m.Heal()
+		kv := waitKey(t, c.Client(), h.Key(), heldByOtherThan(old))
+		eventually(t, func() bool { return clientv3.LeaseID(kv.Lease) == h.LeaseID() })
+	})
+}
+
+func TestFaultLaggingConsumer(t *testing.T) {
+	t.Run("a consumer far behind, across a compaction, gets only the differences", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		ctx := testCtx(t)
+		put := func(id, version string) {
+			t.Helper()
+			m := meta(id)
+			m.Version = version
+			if _, err := cli.Put(ctx, HostsPrefix+id, string(must(json.Marshal(m)))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, id := range []string{"a", "b", "c"} {
+			put(id, "0")
+		}
+		tap, log := newLogTap()
+		w, err := NewHostWatcher(ctx, cli, WatcherOptions{Buffer: 1, MaxBacklog: 5, Logger: log})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Close()
+		eventually(t, func() bool { return len(w.Hosts()) == 3 }) // listed
+		// The consumer reads nothing while a is updated 50 times, b goes,
+		// d comes, and history is compacted.
+		for i := range 50 {
+			put("a", fmt.Sprint(i+1))
+		}
+		if _, err := cli.Delete(ctx, HostsPrefix+"b"); err != nil {
+			t.Fatal(err)
+		}
+		put("d", "0")
+		srv.Compact(ctx)
+		tap.wait(t, "coord: consumer behind, sending differences", 1)
+		eventually(t, func() bool { return len(w.Hosts()) == 3 && w.Hosts()[0].Version == "50" })
+
+		replica := map[string]HostMetadata{}
+		var got []string
+		for len(replica) != 3 || replica["a"].Version != "50" {
+			ev := next(t, w)
+			got = append(got, fmt.Sprintf("%s %s %s", ev.Kind, ev.HostUUID, ev.Metadata.Version))
+			if ev.Kind == HostDown {
+				delete(replica, ev.HostUUID)
+			} else {
+				replica[ev.HostUUID] = ev.Metadata
+			}
+		}
+		if !closedWithin(w.Synced()) {
+			t.Fatal("Synced not closed after the catch-up")
+		}
+		quiet(t, cli, w, HostsPrefix)
+		t.Logf("events: %v", got)
+		// At most: the snapshot's first Up, then one event per host that
+		// differs (a updated, c and d up; b, never sent, never mentioned).
+		if len(got) > 4 {
+			t.Fatalf("%d events, want only the differences: %v", len(got), got)
+		}
+		for _, e := range got {
+			if strings.Contains(e, " b ") {
+				t.Fatalf("b was never sent, yet: %v", got)
+			}
+		}
+	})
+	t.Run("a negative MaxBacklog is refused", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		if _, err := NewHostWatcher(testCtx(t), cli, WatcherOptions{MaxBacklog: -1}); !errors.Is(err, ErrInvalidBuffer) {
+			t.Fatalf("got %v", err)
+		}
+	})
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}

@@ -26,6 +26,7 @@ type Election struct {
 	ttl      time.Duration
 	identity string
 	log      *slog.Logger
+	signal   func(Signal)
 	pooled   bool
 
 	ctx    context.Context // ended by Close
@@ -69,6 +70,7 @@ func NewElection(ctx context.Context, cli *clientv3.Client, opts ElectionOptions
 		ttl:      ttl,
 		identity: identityOrDefault(opts.Identity),
 		log:      logger(opts.Logger).With("key", opts.Key),
+		signal:   opts.OnSignal,
 		ctx:      ectx,
 		cancel:   cancel,
 		turn:     make(chan struct{}, 1),
@@ -217,6 +219,7 @@ func (e *Election) campaign(ctx context.Context, identity string, wait bool) (bo
 	e.wg.Add(1)
 	go e.monitor(l, hdr)
 	e.log.Info("coord: leadership gained", "token", rev, "identity", identity)
+	emit(e.signal, Signal{Kind: SignalLeadershipGained, Key: e.key, Token: rev})
 	return true, nil
 }
 
@@ -318,6 +321,7 @@ func (e *Election) withdraw(s *session, key string, rev int64) {
 // Resign and Close end it through l.ctx.
 func (e *Election) monitor(l *leadership, rev int64) {
 	defer e.wg.Done()
+	defer emit(e.signal, Signal{Kind: SignalLeadershipLost, Key: e.key, Token: l.rev})
 	defer l.cancel()
 	wch := e.cli.Watch(clientv3.WithRequireLeader(l.ctx), l.key, clientv3.WithRev(rev+1), clientv3.WithFilterPut())
 	for {

@@ -21,6 +21,7 @@ type HostLiveness struct {
 	key    string
 	reqTTL time.Duration
 	log    *slog.Logger
+	signal func(Signal)
 
 	cancel context.CancelFunc
 	writes chan struct{} // a one-slot semaphore: one write of the key at a time
@@ -72,6 +73,7 @@ func RegisterHostLiveness(ctx context.Context, cli *clientv3.Client, meta HostMe
 		key:    prefix + meta.HostUUID,
 		reqTTL: ttl,
 		log:    logger(opts.Logger).With("host", meta.HostUUID),
+		signal: opts.OnSignal,
 		writes: make(chan struct{}, 1),
 		done:   make(chan struct{}),
 		exited: make(chan struct{}),
@@ -82,6 +84,7 @@ func RegisterHostLiveness(ctx context.Context, cli *clientv3.Client, meta HostMe
 		return nil, fmt.Errorf("coord: register host %q: %w", meta.HostUUID, err)
 	}
 	h.log.Info("coord: host registered", "key", h.key, "lease", hexID(reg.lease), "ttl", reg.ttl)
+	emit(h.signal, Signal{Kind: SignalRegistered, Host: meta.HostUUID, Key: h.key, Lease: reg.lease})
 	loopCtx, cancel := context.WithCancel(context.Background())
 	h.cancel = cancel
 	go h.run(loopCtx, reg)
@@ -264,6 +267,7 @@ func (h *HostLiveness) heal(ctx context.Context, old clientv3.LeaseID) (registra
 		cancel()
 		<-h.writes
 		if err == nil {
+			emit(h.signal, Signal{Kind: SignalRegistered, Host: h.host(), Key: h.key, Lease: reg.lease, Attempt: attempt})
 			return reg, nil
 		}
 		if errors.Is(err, ErrHostExists) {
@@ -273,6 +277,7 @@ func (h *HostLiveness) heal(ctx context.Context, old clientv3.LeaseID) (registra
 			return reg, fmt.Errorf("coord: heal host key %q: %w", h.key, ferr)
 		}
 		h.log.Warn("coord: heal attempt failed", "key", h.key, "attempt", attempt, "err", err)
+		emit(h.signal, Signal{Kind: SignalHealAttempt, Host: h.host(), Key: h.key, Attempt: attempt, Err: err})
 		sleep(ctx, r.next())
 	}
 }
@@ -284,6 +289,7 @@ func (h *HostLiveness) finish(err error) {
 	if err != nil {
 		h.log.Error("coord: host registration ended", "key", h.key, "err", err)
 	}
+	emit(h.signal, Signal{Kind: SignalRegistrationEnded, Host: h.host(), Key: h.key, Err: err})
 	close(h.done)
 }
 
@@ -348,6 +354,13 @@ func (h *HostLiveness) LeaseID() clientv3.LeaseID {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.lease
+}
+
+// host returns the registration's HostUUID.
+func (h *HostLiveness) host() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.meta.HostUUID
 }
 
 // Key returns the host's key, <prefix><HostUUID>.

@@ -52,6 +52,8 @@ type LivenessOptions struct {
 	Takeover bool
 	// Logger receives the registration's records; nil discards them.
 	Logger *slog.Logger
+	// OnSignal, if set, receives state changes and counts for metrics.
+	OnSignal func(Signal)
 }
 
 // WatcherOptions configures NewHostWatcher. The zero value watches
@@ -74,6 +76,8 @@ type WatcherOptions struct {
 	MaxBacklog int
 	// Logger receives the watcher's records; nil discards them.
 	Logger *slog.Logger
+	// OnSignal, if set, receives state changes and counts for metrics.
+	OnSignal func(Signal)
 }
 
 // ElectionOptions configures NewElection. Key is required.
@@ -88,6 +92,8 @@ type ElectionOptions struct {
 	Identity string
 	// Logger receives the election's records; nil discards them.
 	Logger *slog.Logger
+	// OnSignal, if set, receives state changes and counts for metrics.
+	OnSignal func(Signal)
 }
 
 // PoolOptions configures NewElectionPool. The zero value keeps sessions of
@@ -100,6 +106,8 @@ type PoolOptions struct {
 	Identity string
 	// Logger receives the pool's records; nil discards them.
 	Logger *slog.Logger
+	// OnSignal, if set, receives state changes and counts for metrics.
+	OnSignal func(Signal)
 }
 
 // discard is the logger used when none is given.

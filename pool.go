@@ -77,7 +77,7 @@ func (p *ElectionPool) election(ctx context.Context, key string) (*Election, err
 	if err != nil {
 		return nil, err
 	}
-	e, err := NewElection(ctx, p.cli, ElectionOptions{Key: key, TTL: ttl, Identity: p.opts.Identity, Logger: p.log})
+	e, err := NewElection(ctx, p.cli, ElectionOptions{Key: key, TTL: ttl, Identity: p.opts.Identity, Logger: p.log, OnSignal: p.opts.OnSignal})
 	if err != nil {
 		return nil, err
 	}

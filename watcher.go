@@ -59,6 +59,7 @@ type HostWatcher struct {
 	prefix string
 	self   string
 	log    *slog.Logger
+	signal func(Signal)
 	// maxBacklog bounds the events queued for a consumer, beyond twice
 	// the hosts it knows of.
 	maxBacklog int
@@ -107,6 +108,7 @@ func NewHostWatcher(ctx context.Context, cli *clientv3.Client, opts WatcherOptio
 		prefix:     prefix,
 		self:       opts.Self,
 		maxBacklog: opts.MaxBacklog,
+		signal:     opts.OnSignal,
 		log:        logger(opts.Logger).With("prefix", prefix),
 		events:     make(chan HostEvent, opts.Buffer),
 		synced:     make(chan struct{}),
@@ -194,8 +196,11 @@ func (w *HostWatcher) run(ctx context.Context) {
 		}
 		r = retry{}
 		rev := resp.Header.Revision
-		queue = append(queue, w.resync(resp.Kvs, rev)...)
-		if !listed {
+		diffs := w.resync(resp.Kvs, rev)
+		queue = append(queue, diffs...)
+		if listed {
+			emit(w.signal, Signal{Kind: SignalWatcherResync, Key: w.prefix, Count: len(diffs)})
+		} else {
 			listed = true
 			syncLeft = w.syncStep(len(queue))
 		}
@@ -210,6 +215,7 @@ func (w *HostWatcher) run(ctx context.Context) {
 			}
 			select {
 			case out <- next:
+				emit(w.signal, Signal{Kind: SignalEventDelivered, Key: w.prefix, Host: next.HostUUID, Event: next.Kind})
 				if next.Kind == HostDown {
 					delete(delivered, next.HostUUID)
 				} else {
@@ -238,6 +244,7 @@ func (w *HostWatcher) run(ctx context.Context) {
 					// difference between what it has and what is.
 					w.log.Info("coord: consumer behind, sending differences", "backlog", len(queue))
 					queue = w.catchUp(delivered, rev)
+					emit(w.signal, Signal{Kind: SignalWatcherResync, Key: w.prefix, Count: len(queue)})
 					if syncLeft > 0 {
 						// The snapshot is delivered with the catch-up.
 						syncLeft = w.syncStep(len(queue))

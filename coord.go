@@ -39,8 +39,13 @@
 //
 // # Not guaranteed
 //
-//   - Events are not delivered in real time to a consumer that does not read
-//     them: they queue in memory, in order, without limit.
+//   - A consumer that does not read is not sent every change: events queue
+//     in memory, in order, and past WatcherOptions.MaxBacklog the queue is
+//     replaced by the differences that bring the consumer up to date.
+//   - A connection that goes silent without closing (a half-open TCP link)
+//     is only noticed by the etcd client if it sets DialKeepAliveTime and
+//     DialKeepAliveTimeout; until then watches wait. Registrations and
+//     elections notice on their own (renewals go unanswered).
 //   - A watcher sees states, not every write: a value that is not valid
 //     HostMetadata JSON counts as no host (it is logged and skipped).
 //   - Leadership is a lease, not a lock on the world: act on etcd under

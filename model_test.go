@@ -1,0 +1,1295 @@
+package coord
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"math/rand/v2"
+	"os"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/go-coord/coord/coordtest"
+)
+
+// The model test drives a fleet of agents through random operations and
+// faults chosen by a seeded generator, and checks after each quiet period
+// that every watcher's replica is exactly etcd's set of hosts, that etcd's
+// set of hosts is what the agents registered, that the election agrees
+// with etcd, and that writes fenced with Guard form token-ordered runs.
+//
+// Environment:
+//
+//	COORD_MODEL_SEED    replay a run (the seed is logged at the start and on failure)
+//	COORD_MODEL_STEPS   number of operations (default mdDefaultSteps)
+//	COORD_MODEL_BUDGET  time for the operations, e.g. 5m for a soak (default 75s; 15s with -short)
+//	COORD_MODEL_TRACE   if set, log the operations and the library's records even on success
+//
+// A seed fixes the sequence of operations, their parameters and the pauses
+// between them; what etcd and the library do meanwhile depends on timing, so
+// a replay retraces a run without reproducing it to the millisecond.
+
+const (
+	mdPrefix    = "/model/hosts/"
+	mdElection  = "/model/leader"
+	mdCandidate = mdElection + "/"
+	mdLog       = "/model/log/"
+	mdAgents    = 6
+	mdTTL       = time.Second
+
+	mdDefaultSteps  = 250
+	mdDefaultBudget = 75 * time.Second
+	// mdQuietEvery bounds the time between quiet periods, so that a slow
+	// run still checks several.
+	mdQuietEvery = 8 * time.Second
+	// mdOverlap is how long two agents may both believe they lead, as
+	// measured from outside (scheduling delays), before it counts as a
+	// breach of the step-down guarantee. A cut-off leader steps down a
+	// third of the TTL before etcd can elect a successor.
+	mdOverlap = 200 * time.Millisecond
+)
+
+func TestModel(t *testing.T) {
+	t.Run("random operations and faults keep replicas exact and fenced writes in token order", func(t *testing.T) {
+		newModel(t, mdConfigFromEnv(t)).run()
+	})
+}
+
+type mdConfig struct {
+	seed   uint64
+	steps  int
+	budget time.Duration
+}
+
+func mdConfigFromEnv(t *testing.T) mdConfig {
+	t.Helper()
+	c := mdConfig{seed: uint64(time.Now().UnixNano()), steps: mdDefaultSteps, budget: mdDefaultBudget}
+	if testing.Short() {
+		c.budget = 15 * time.Second
+	}
+	if s := os.Getenv("COORD_MODEL_SEED"); s != "" {
+		n, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("COORD_MODEL_SEED=%q: %v", s, err)
+		}
+		c.seed = n
+	}
+	if s := os.Getenv("COORD_MODEL_STEPS"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			t.Fatalf("COORD_MODEL_STEPS=%q: want a positive integer", s)
+		}
+		c.steps = n
+	}
+	if s := os.Getenv("COORD_MODEL_BUDGET"); s != "" {
+		d, err := time.ParseDuration(s)
+		if err != nil || d <= 0 {
+			t.Fatalf("COORD_MODEL_BUDGET=%q: want a positive duration", s)
+		}
+		c.budget = d
+	}
+	return c
+}
+
+// mdKind is a kind of operation of the generator.
+type mdKind int
+
+const (
+	mdRegister mdKind = iota
+	mdStop
+	mdCrash
+	mdUpdate
+	mdCampaign
+	mdTryCampaign
+	mdResign
+	mdCutAgent
+	mdCutWatcher
+	mdRestart
+	mdCompact
+	mdRewatch
+	mdHandover
+	mdCutLeader
+	mdKinds
+)
+
+var mdKindNames = [mdKinds]string{"register", "stop", "crash", "update", "campaign", "try-campaign",
+	"resign", "cut-agent", "cut-watcher", "restart-etcd", "compact", "rewatch", "handover", "cut-leader"}
+
+func (k mdKind) String() string { return mdKindNames[k] }
+
+// mdWeights are the relative frequencies of the operations.
+var mdWeights = [mdKinds]int{
+	mdRegister: 14, mdStop: 5, mdCrash: 5, mdUpdate: 14, mdCampaign: 18, mdTryCampaign: 8,
+	mdResign: 5, mdCutAgent: 7, mdCutWatcher: 5, mdRestart: 2, mdCompact: 4, mdRewatch: 2, mdHandover: 7, mdCutLeader: 4,
+}
+
+// model is the test's world: one etcd, the agents, the watchers, and what
+// has been observed so far.
+type model struct {
+	t     *testing.T
+	cfg   mdConfig
+	srv   *coordtest.Server
+	cli   *clientv3.Client // direct: etcd's truth
+	rng   *rand.Rand       // the driver's operations and pauses; never shared
+	qrng  *rand.Rand       // the driver's quiet periods, apart so that time-driven ones leave the operations as they are
+	start time.Time
+	ring  *mdRing
+
+	agents   []*mdAgent
+	watchers []*mdWatcher
+
+	stopping atomic.Bool // teardown has started: agents skip queued ops
+	writes   atomic.Int64
+	teardown sync.Once
+
+	mu     sync.Mutex
+	trace  []string
+	counts [mdKinds]int
+	cuts   map[*coordtest.Proxy]*mdCut
+	wins   map[int64]string // token -> identity that won it
+	terms  []*mdTerm
+	quiets int
+	bg     sync.WaitGroup // term watchers
+}
+
+// mdTerm is one leadership as seen from outside the library: from the
+// return of a winning campaign to the close of Done.
+type mdTerm struct {
+	ident      string
+	token      int64
+	start, end time.Time // end is zero while it lasts
+}
+
+// mdCut is a proxy cut off until due.
+type mdCut struct {
+	pause   bool
+	compact bool // compact before the blackhole heals, so that what was missed must be resynced
+	what    string
+	due     time.Time
+	timer   *time.Timer // heals a pause
+}
+
+func newModel(t *testing.T, cfg mdConfig) *model {
+	m := &model{
+		t: t, cfg: cfg, start: time.Now(),
+		rng:  rand.New(rand.NewPCG(cfg.seed, 0x6d6f64656c)),
+		qrng: rand.New(rand.NewPCG(cfg.seed, 0x7175696574)),
+		ring: newMdRing(3000),
+		cuts: map[*coordtest.Proxy]*mdCut{},
+		wins: map[int64]string{},
+	}
+	t.Logf("seed %d (replay with COORD_MODEL_SEED=%d), %d steps, budget %v", cfg.seed, cfg.seed, cfg.steps, cfg.budget)
+	m.srv = coordtest.NewServer(t)
+	m.cli = m.srv.Client()
+	for i := range mdAgents {
+		m.agents = append(m.agents, &mdAgent{
+			m: m, i: i, id: fmt.Sprintf("agent-%d", i), px: m.srv.NewProxy(t),
+			queue: make(chan mdOp, 1024), exited: make(chan struct{}),
+		})
+	}
+	wpx := m.srv.NewProxy(t)
+	// Watchers: a plain one, a slow consumer of a one-slot channel that
+	// leaves agent-0 out as its Self, and one behind a proxy that gets cut.
+	m.watchers = []*mdWatcher{
+		{m: m, name: "w0", cli: m.srv.NewClient(t)},
+		{m: m, name: "w1", cli: m.srv.NewClient(t), self: "agent-0", buffer: 1, slow: true},
+		{m: m, name: "w2", cli: wpx.NewClient(t), px: wpx},
+	}
+	// After the proxies: runs before their cleanups, which close the
+	// agents' clients under them.
+	t.Cleanup(m.shutdown)
+	t.Cleanup(func() {
+		if t.Failed() || os.Getenv("COORD_MODEL_TRACE") != "" {
+			m.dump()
+		}
+		if t.Failed() {
+			t.Logf("FAILED with seed %d: replay with COORD_MODEL_SEED=%d", cfg.seed, cfg.seed)
+		}
+	})
+	for j, w := range m.watchers {
+		w.start(uint64(j))
+	}
+	for _, a := range m.agents {
+		go a.loop()
+	}
+	return m
+}
+
+func (m *model) run() {
+	deadline := m.start.Add(m.cfg.budget)
+	for _, a := range m.agents {
+		m.dispatch(a, "register", func(a *mdAgent) string { return a.register() })
+	}
+	m.quiet("initial")
+	lastQuiet := time.Now()
+	nextQuiet := 10 + m.qrng.IntN(20)
+	step := 0
+	for ; step < m.cfg.steps && time.Now().Before(deadline); step++ {
+		m.heal(false, true)
+		m.step(step)
+		time.Sleep(time.Duration(m.rng.Int64N(int64(150 * time.Millisecond))))
+		if nextQuiet--; nextQuiet == 0 || time.Since(lastQuiet) > mdQuietEvery {
+			m.quiet(fmt.Sprintf("after step %d", step))
+			lastQuiet, nextQuiet = time.Now(), 10+m.qrng.IntN(20)
+		}
+	}
+	m.quiet("final")
+	m.shutdown()
+	writes, tokens := m.checkLog()
+	if int64(writes) < m.writes.Load() {
+		m.fatalf("%d writes in the log, but %d guarded writes succeeded", writes, m.writes.Load())
+	}
+	overlap := m.checkTerms()
+	m.mu.Lock()
+	var ops []string
+	for k, n := range m.counts {
+		ops = append(ops, fmt.Sprintf("%v=%d", mdKind(k), n))
+	}
+	terms := len(m.terms)
+	m.mu.Unlock()
+	var events []string
+	for _, w := range m.watchers {
+		events = append(events, fmt.Sprintf("%s=%d", w.name, w.total))
+	}
+	m.t.Logf("seed %d: %d of %d steps in %v (budget %v), %d quiet periods checked",
+		m.cfg.seed, step, m.cfg.steps, time.Since(m.start).Round(time.Millisecond), m.cfg.budget, m.quiets)
+	m.t.Logf("ops: %s", strings.Join(ops, " "))
+	m.t.Logf("leadership: %d terms, %d fenced writes under %d tokens (%d attempted writes succeeded), max belief overlap %v",
+		terms, writes, tokens, m.writes.Load(), overlap)
+	m.t.Logf("events consumed: %s", strings.Join(events, " "))
+}
+
+// step picks and performs one operation.
+func (m *model) step(step int) {
+	total := 0
+	for _, w := range mdWeights {
+		total += w
+	}
+	n := m.rng.IntN(total)
+	k := mdKind(0)
+	for ; n >= mdWeights[k]; k++ {
+		n -= mdWeights[k]
+	}
+	a := m.agents[m.rng.IntN(len(m.agents))]
+	m.count(k)
+	switch k {
+	case mdRegister:
+		m.dispatch(a, "register", func(a *mdAgent) string { return a.register() })
+	case mdStop:
+		// Both halves, or only one of them.
+		what := m.rng.IntN(3)
+		m.dispatch(a, []string{"stop all", "stop liveness", "close election"}[what],
+			func(a *mdAgent) string { return a.stop(what != 2, what != 1) })
+	case mdCrash:
+		m.dispatch(a, "crash", func(a *mdAgent) string { return a.crash() })
+	case mdUpdate:
+		zone := []string{"a", "b", "c"}[m.rng.IntN(3)]
+		m.dispatch(a, "update zone="+zone, func(a *mdAgent) string { return a.update(zone) })
+	case mdCampaign, mdTryCampaign:
+		d := 200*time.Millisecond + time.Duration(m.rng.Int64N(int64(1800*time.Millisecond)))
+		try := k == mdTryCampaign
+		m.dispatch(a, fmt.Sprintf("%v within %v", k, d.Round(time.Millisecond)),
+			func(a *mdAgent) string { return a.campaign(d, try) })
+	case mdResign:
+		m.dispatch(a, "resign", func(a *mdAgent) string { return a.resign() })
+	case mdHandover:
+		// Whoever leads resigns; the others' campaigns under way take over.
+		for _, a := range m.agents {
+			m.dispatch(a, "resign (handover)", func(a *mdAgent) string { return a.resign() })
+		}
+	case mdCutAgent:
+		d := 500*time.Millisecond + time.Duration(m.rng.Int64N(int64(time.Second)))
+		pause, compact := m.rng.IntN(2) == 0, m.rng.IntN(2) == 0
+		m.cut(a.px, a.id, d, pause, compact)
+	case mdCutLeader:
+		// Cut whoever believes it leads for longer than the TTL while three
+		// others campaign: the old leader must step down before any of
+		// them can win.
+		d := mdTTL + time.Duration(m.rng.Int64N(int64(1500*time.Millisecond)))
+		pause, compact := m.rng.IntN(2) == 0, m.rng.IntN(2) == 0
+		others := m.rng.Perm(len(m.agents))
+		wait := mdTTL + time.Duration(m.rng.Int64N(int64(2*time.Second)))
+		for _, l := range m.agents {
+			if e := l.shared.Load(); e != nil && e.IsLeader() {
+				m.cut(l.px, l.id+" (leader)", d, pause, compact)
+				break
+			}
+		}
+		for _, i := range others[:3] {
+			m.dispatch(m.agents[i], fmt.Sprintf("campaign within %v", wait.Round(time.Millisecond)),
+				func(a *mdAgent) string { return a.campaign(wait, false) })
+		}
+	case mdCutWatcher:
+		d := 500*time.Millisecond + time.Duration(m.rng.Int64N(int64(time.Second)))
+		pause, compact := m.rng.IntN(2) == 0, m.rng.IntN(2) == 0
+		w := m.watchers[2]
+		m.cut(w.px, w.name, d, pause, compact)
+	case mdRestart:
+		began := time.Now()
+		m.tracef("restart etcd")
+		m.srv.Restart()
+		m.tracef("etcd restarted (%v)", time.Since(began).Round(time.Millisecond))
+	case mdCompact:
+		ctx, cancel := context.WithTimeout(context.Background(), patience())
+		rev := m.srv.Compact(ctx)
+		cancel()
+		m.tracef("compacted at %d", rev)
+	case mdRewatch:
+		j := m.rng.IntN(len(m.watchers))
+		m.tracef("rewatch %s", m.watchers[j].name)
+		m.watchers[j].stop()
+		m.watchers[j].start(uint64(step))
+	}
+}
+
+func (m *model) count(k mdKind) {
+	m.mu.Lock()
+	m.counts[k]++
+	m.mu.Unlock()
+}
+
+// dispatch queues op on agent a; a performs its operations in order.
+func (m *model) dispatch(a *mdAgent, desc string, op func(*mdAgent) string) {
+	m.tracef("%s: queue %s", a.id, desc)
+	a.queue <- mdOp{desc: desc, fn: op}
+}
+
+// cut cuts px off, by a pause or a blackhole, for d.
+//
+// A pause holds the traffic and delivers it on Unpause: a partition that
+// heals before TCP gives up. A blackhole drops it: the proxy loses bytes of
+// live connections, which TCP never does, and leaves them unusable (every new
+// stream is reset with PROTOCOL_ERROR once the HPACK tables of the two ends
+// disagree), so a blackhole heals as a partition that outlasted TCP: the
+// connections are reset (by restarting etcd while still cut) before traffic
+// flows again. Blackholes heal at the driver's next step after d (Restart
+// must run on the test's goroutine), pauses on a timer.
+func (m *model) cut(px *coordtest.Proxy, what string, d time.Duration, pause, compact bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.cuts[px] != nil {
+		return
+	}
+	c := &mdCut{pause: pause, compact: compact, what: what, due: time.Now().Add(d)}
+	how := "blackhole"
+	if pause {
+		how = "pause"
+		px.Pause()
+		c.timer = time.AfterFunc(d, func() { m.unpause(px, c) })
+	} else {
+		px.Blackhole()
+	}
+	m.cuts[px] = c
+	m.traceLocked("cut %s off (%s) for %v", what, how, d.Round(time.Millisecond))
+}
+
+func (m *model) unpause(px *coordtest.Proxy, c *mdCut) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.cuts[px] != c {
+		return
+	}
+	delete(m.cuts, px)
+	px.Unpause()
+	m.traceLocked("heal %s (unpause)", c.what)
+}
+
+// heal ends the cuts due by now, or all of them. With restart, it resets
+// the connections of the blackholes it ends by restarting etcd; without, it
+// only lets their traffic through (at teardown, when their clients close).
+func (m *model) heal(all, restart bool) {
+	m.mu.Lock()
+	var pauses, holes []*coordtest.Proxy
+	compact := false
+	for px, c := range m.cuts {
+		if !all && time.Now().Before(c.due) {
+			continue
+		}
+		if c.pause {
+			pauses = append(pauses, px)
+		} else {
+			holes = append(holes, px)
+			compact = compact || c.compact
+		}
+	}
+	m.mu.Unlock()
+	for _, px := range pauses {
+		m.mu.Lock()
+		c := m.cuts[px]
+		m.mu.Unlock()
+		c.timer.Stop()
+		m.unpause(px, c)
+	}
+	if len(holes) == 0 {
+		return
+	}
+	began := time.Now()
+	if restart {
+		if compact {
+			ctx, cancel := context.WithTimeout(context.Background(), patience())
+			m.tracef("compacted at %d before healing", m.srv.Compact(ctx))
+			cancel()
+		}
+		m.srv.Stop()
+	}
+	m.mu.Lock()
+	for _, px := range holes {
+		m.traceLocked("heal %s (unblackhole)", m.cuts[px].what)
+		delete(m.cuts, px)
+		px.Unblackhole()
+	}
+	m.mu.Unlock()
+	if restart {
+		m.srv.Restart()
+		m.tracef("etcd restarted to reset the blackholed connections (%v)", time.Since(began).Round(time.Millisecond))
+	}
+}
+
+// quiet heals every cut, lets every agent finish its operations, waits until
+// the system has converged, and checks it.
+func (m *model) quiet(label string) {
+	m.t.Helper()
+	m.heal(true, true)
+	m.tracef("quiet period %s", label)
+	for _, a := range m.agents {
+		b := make(chan struct{})
+		a.queue <- mdOp{barrier: b}
+		select {
+		case <-b:
+		case <-time.After(patience()):
+			m.fatalf("quiet period %s: %s still busy with %q after %v", label, a.id, a.current.Load(), patience())
+		}
+	}
+	// Leases of crashed agents and of cut-off registrations need TTL plus
+	// etcd's expiry slack; heals back off up to a couple of seconds.
+	deadline := time.Now().Add(patience())
+	var diffs []string
+	for {
+		diffs = m.converged()
+		if len(diffs) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			m.fatalf("quiet period %s: not converged after %v:\n\t%s", label, patience(), strings.Join(diffs, "\n\t"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	m.checkLog()
+	m.mu.Lock()
+	m.quiets++
+	m.mu.Unlock()
+	m.tracef("quiet period %s: converged", label)
+}
+
+// converged compares the agents' registrations with etcd's hosts, every
+// watcher's replica and view with those, and the election's leader with
+// who believes it leads. It returns the differences.
+func (m *model) converged() []string {
+	var diffs []string
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second*scale)
+	defer cancel()
+	resp, err := m.cli.Get(ctx, mdPrefix, clientv3.WithPrefix())
+	if err != nil {
+		return []string{fmt.Sprintf("get hosts: %v", err)}
+	}
+	truth := map[string]HostMetadata{}
+	for _, kv := range resp.Kvs {
+		if h, ok := mdDecode(kv.Key, kv.Value); ok {
+			truth[h.HostUUID] = h
+		}
+	}
+
+	// What the agents registered: the last metadata confirmed, or one of
+	// the updates since whose outcome is unknown.
+	for _, a := range m.agents {
+		got, there := truth[a.id]
+		if a.live == nil {
+			if there {
+				diffs = append(diffs, fmt.Sprintf("etcd has %s, which is not registered: %s", a.id, mdMeta(got)))
+			}
+			continue
+		}
+		select {
+		case <-a.live.Done():
+			m.fatalf("registration of %s ended by itself: %v", a.id, a.live.Err())
+		default:
+		}
+		if !there {
+			diffs = append(diffs, fmt.Sprintf("etcd lacks %s, registered with %s", a.id, mdMeta(a.metas...)))
+		} else if !slices.ContainsFunc(a.metas, func(h HostMetadata) bool { return reflect.DeepEqual(h, got) }) {
+			diffs = append(diffs, fmt.Sprintf("etcd has %s, want one of %s", mdMeta(got), mdMeta(a.metas...)))
+		}
+	}
+
+	for _, w := range m.watchers {
+		want := maps.Clone(truth)
+		delete(want, w.self)
+		if d := mdDiff(w.name+" replica", w.replicaCopy(), want); d != "" {
+			diffs = append(diffs, d)
+		}
+		view := map[string]HostMetadata{}
+		for _, h := range w.w.Hosts() {
+			view[h.HostUUID] = h
+		}
+		if d := mdDiff(w.name+" Hosts()", view, want); d != "" {
+			diffs = append(diffs, d)
+		}
+		if !mdClosed(w.w.Synced()) {
+			diffs = append(diffs, w.name+": Synced still open")
+		}
+	}
+
+	// The election: who believes it leads, and the first candidate in etcd.
+	var believers []*mdAgent
+	for _, a := range m.agents {
+		if a.elec != nil && a.elec.IsLeader() {
+			believers = append(believers, a)
+		}
+	}
+	cands, err := m.cli.Get(ctx, mdCandidate, clientv3.WithFirstCreate()...)
+	if err != nil {
+		return append(diffs, fmt.Sprintf("get leader: %v", err))
+	}
+	switch {
+	case len(believers) > 1:
+		var who []string
+		for _, a := range believers {
+			who = append(who, fmt.Sprintf("%s (token %d)", a.ident, a.elec.Token()))
+		}
+		diffs = append(diffs, "several believe they lead: "+strings.Join(who, ", "))
+	case len(believers) == 1:
+		a := believers[0]
+		if len(cands.Kvs) == 0 {
+			diffs = append(diffs, fmt.Sprintf("%s believes it leads with token %d; no candidate in etcd", a.ident, a.elec.Token()))
+			break
+		}
+		kv := cands.Kvs[0]
+		if kv.CreateRevision != a.elec.Token() || string(kv.Value) != a.ident {
+			diffs = append(diffs, fmt.Sprintf("%s believes it leads with token %d; etcd's leader is %q created at %d",
+				a.ident, a.elec.Token(), kv.Value, kv.CreateRevision))
+			break
+		}
+		if got, err := a.elec.Leader(ctx); err != nil || got != a.ident {
+			diffs = append(diffs, fmt.Sprintf("%s leads but its Leader() = %q, %v", a.ident, got, err))
+		}
+	case len(cands.Kvs) > 0:
+		kv := cands.Kvs[0]
+		diffs = append(diffs, fmt.Sprintf("nobody believes it leads; etcd's first candidate is %q (%s) created at %d",
+			kv.Value, kv.Key, kv.CreateRevision))
+	}
+	return diffs
+}
+
+// checkLog reads the fenced writes in revision order and checks that their
+// tokens never decrease (so no two terms' writes interleave) and that each
+// token belongs to one identity. It returns the number of writes and tokens.
+func (m *model) checkLog() (writes, tokens int) {
+	m.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), patience())
+	defer cancel()
+	resp, err := m.cli.Get(ctx, mdLog, clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByModRevision, clientv3.SortAscend))
+	if err != nil {
+		m.fatalf("read the log: %v", err)
+	}
+	var last int64
+	owner := map[int64]string{}
+	for _, kv := range resp.Kvs {
+		ident, tok, ok := strings.Cut(string(kv.Value), " ")
+		token, err := strconv.ParseInt(tok, 10, 64)
+		if !ok || err != nil {
+			m.fatalf("log entry %s = %q", kv.Key, kv.Value)
+		}
+		if token < last {
+			m.fatalf("log entry %s = %q at revision %d: token %d after token %d (writes of two terms interleave)",
+				kv.Key, kv.Value, kv.ModRevision, token, last)
+		}
+		if o, seen := owner[token]; seen && o != ident {
+			m.fatalf("token %d used by %s and %s", token, o, ident)
+		}
+		if token >= kv.ModRevision {
+			m.fatalf("log entry %s = %q written at revision %d, not after its token", kv.Key, kv.Value, kv.ModRevision)
+		}
+		owner[token] = ident
+		last = token
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for token, ident := range owner {
+		if w, ok := m.wins[token]; ok && w != ident {
+			m.fatalf("token %d won by %s, used in the log by %s", token, w, ident)
+		}
+	}
+	return len(resp.Kvs), len(owner)
+}
+
+// checkTerms checks, after shutdown, that no two terms overlap in time for
+// longer than measurement noise, and returns the longest overlap.
+func (m *model) checkTerms() time.Duration {
+	m.t.Helper()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	terms := slices.Clone(m.terms)
+	slices.SortFunc(terms, func(a, b *mdTerm) int { return a.start.Compare(b.start) })
+	var longest time.Duration
+	for i, a := range terms {
+		if a.end.IsZero() {
+			m.t.Errorf("seed %d: term %d of %s never ended", m.cfg.seed, a.token, a.ident)
+			continue
+		}
+		for _, b := range terms[i+1:] {
+			if !b.start.Before(a.end) {
+				break
+			}
+			if b.token <= a.token {
+				m.t.Errorf("seed %d: term %d of %s began after term %d of %s", m.cfg.seed, b.token, b.ident, a.token, a.ident)
+			}
+			d := a.end.Sub(b.start)
+			if b.end.Before(a.end) {
+				d = b.end.Sub(b.start)
+			}
+			longest = max(longest, d)
+			if d > mdOverlap*scale {
+				m.t.Errorf("seed %d: %s (token %d) and %s (token %d) both believed they led for %v (from +%v)",
+					m.cfg.seed, a.ident, a.token, b.ident, b.token, d, b.start.Sub(m.start).Round(time.Millisecond))
+			}
+		}
+	}
+	return longest
+}
+
+// won records a term that a campaign of a has just won.
+func (m *model) won(a *mdAgent, e *Election) {
+	start := time.Now()
+	token, done := e.Token(), e.Done()
+	if token == 0 {
+		return // already over
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if w, ok := m.wins[token]; ok {
+		if w != a.ident {
+			m.t.Errorf("seed %d: token %d won by %s and by %s", m.cfg.seed, token, w, a.ident)
+		}
+		return // a campaign while leading
+	}
+	m.wins[token] = a.ident
+	term := &mdTerm{ident: a.ident, token: token, start: start}
+	m.terms = append(m.terms, term)
+	m.bg.Add(1)
+	go func() {
+		defer m.bg.Done()
+		<-done
+		m.mu.Lock()
+		term.end = time.Now()
+		m.mu.Unlock()
+	}()
+}
+
+// shutdown stops everything the model started; it runs once, at the end of
+// run or from a cleanup after a failure.
+func (m *model) shutdown() {
+	m.teardown.Do(func() {
+		m.heal(true, false)
+		m.stopping.Store(true)
+		for _, a := range m.agents {
+			close(a.queue)
+		}
+		for _, a := range m.agents {
+			select {
+			case <-a.exited:
+			case <-time.After(patience()):
+				m.t.Errorf("%s did not shut down: busy with %q", a.id, a.current.Load())
+			}
+		}
+		for _, w := range m.watchers {
+			w.stop()
+		}
+		ended := make(chan struct{})
+		go func() {
+			m.bg.Wait()
+			close(ended)
+		}()
+		select {
+		case <-ended:
+		case <-time.After(patience()):
+			m.t.Errorf("seed %d: a leadership's Done still open after its election closed", m.cfg.seed)
+		}
+	})
+}
+
+func (m *model) tracef(format string, args ...any) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.traceLocked(format, args...)
+}
+
+func (m *model) traceLocked(format string, args ...any) {
+	m.trace = append(m.trace, fmt.Sprintf("%9.3fs %s", time.Since(m.start).Seconds(), fmt.Sprintf(format, args...)))
+}
+
+// fatalf fails the test from the test's goroutine.
+func (m *model) fatalf(format string, args ...any) {
+	m.t.Helper()
+	m.t.Fatalf("seed %d: "+format, append([]any{m.cfg.seed}, args...)...)
+}
+
+// errorf fails the test from any goroutine.
+func (m *model) errorf(format string, args ...any) {
+	m.t.Helper()
+	m.tracef("ERROR: "+format, args...)
+	m.t.Errorf("seed %d: "+format, append([]any{m.cfg.seed}, args...)...)
+}
+
+// dump logs the operations and the library's latest records.
+func (m *model) dump() {
+	m.mu.Lock()
+	trace := slices.Clone(m.trace)
+	m.mu.Unlock()
+	keep := 400
+	if os.Getenv("COORD_MODEL_TRACE") != "" {
+		keep = len(trace)
+	}
+	if len(trace) > keep {
+		m.t.Logf("operations: (%d earlier left out)", len(trace)-keep)
+		trace = trace[len(trace)-keep:]
+	} else {
+		m.t.Logf("operations:")
+	}
+	for _, l := range trace {
+		m.t.Log("  " + l)
+	}
+	lines := m.ring.lines()
+	m.t.Logf("library log, last %d records:", len(lines))
+	for _, l := range lines {
+		m.t.Log("  " + l)
+	}
+}
+
+func (m *model) logger(attrs ...any) *slog.Logger {
+	return slog.New(&mdHandler{ring: m.ring, start: m.start}).With(attrs...)
+}
+
+// mdOp is an operation queued on an agent, or a barrier.
+type mdOp struct {
+	desc    string
+	fn      func(*mdAgent) string // returns the outcome, for the trace
+	barrier chan struct{}
+}
+
+// mdAgent is one agent process: a client through its own proxy, a
+// registration and an election. Its state is owned by its loop goroutine;
+// the driver reads it only while the agent is idle at a barrier.
+type mdAgent struct {
+	m       *model
+	i       int
+	id      string
+	px      *coordtest.Proxy
+	queue   chan mdOp
+	exited  chan struct{}
+	current atomic.Value // the description of the operation under way
+
+	cli     *clientv3.Client
+	clients []*clientv3.Client // every client it opened, closed at the end
+	live    *HostLiveness
+	metas   []HostMetadata // the metadata confirmed last, then updates of unknown outcome
+	gen     int            // metadata generations
+	regs    int            // registrations
+	elec    *Election
+	shared  atomic.Pointer[Election] // elec, for the driver to read at any time
+	ident   string
+	inc     int // elections joined
+	writer  *mdWriter
+}
+
+func (a *mdAgent) loop() {
+	defer close(a.exited)
+	for op := range a.queue {
+		if op.barrier != nil {
+			close(op.barrier)
+			continue
+		}
+		if a.m.stopping.Load() {
+			continue
+		}
+		a.current.Store(op.desc)
+		began := time.Now()
+		out := op.fn(a)
+		a.m.tracef("%s: %s -> %s (%v)", a.id, op.desc, out, time.Since(began).Round(time.Millisecond))
+		a.current.Store("")
+	}
+	a.current.Store("shutdown")
+	a.stop(true, true)
+	for _, c := range a.clients {
+		c.Close()
+	}
+}
+
+func (a *mdAgent) opCtx(d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), d*scale)
+}
+
+func (a *mdAgent) register() string {
+	if a.cli == nil {
+		cli, err := clientv3.New(a.px.ClientConfig())
+		if err != nil {
+			a.m.errorf("%s: new client: %v", a.id, err)
+			return "no client"
+		}
+		a.cli = cli
+		a.clients = append(a.clients, cli)
+	}
+	var out []string
+	if a.live == nil {
+		a.gen++
+		a.regs++
+		meta := a.meta("a")
+		// Long enough to wait out the lease of a crashed predecessor.
+		ctx, cancel := a.opCtx(5 * time.Second)
+		h, err := RegisterHostLiveness(ctx, a.cli, meta, LivenessOptions{
+			Prefix: mdPrefix, TTL: mdTTL, Logger: a.m.logger(),
+		})
+		cancel()
+		if err != nil {
+			out = append(out, fmt.Sprintf("register: %v", err))
+		} else {
+			a.live, a.metas = h, []HostMetadata{meta}
+			out = append(out, fmt.Sprintf("registered %x", int64(h.LeaseID())))
+		}
+	}
+	if a.elec == nil {
+		ident := fmt.Sprintf("%s#%d", a.id, a.inc+1)
+		ctx, cancel := a.opCtx(2 * time.Second)
+		e, err := NewElection(ctx, a.cli, ElectionOptions{
+			Key: mdElection, TTL: mdTTL, Identity: ident, Logger: a.m.logger("elector", ident),
+		})
+		cancel()
+		if err != nil {
+			out = append(out, fmt.Sprintf("join election: %v", err))
+		} else {
+			a.inc++
+			a.elec, a.ident = e, ident
+			a.shared.Store(e)
+			a.writer = a.startWriter()
+			out = append(out, "joined as "+ident)
+		}
+	}
+	if len(out) == 0 {
+		return "already running"
+	}
+	return strings.Join(out, "; ")
+}
+
+// meta returns the agent's metadata of the current generation.
+func (a *mdAgent) meta(zone string) HostMetadata {
+	return HostMetadata{
+		HostUUID: a.id, Hostname: "host-" + a.id, Version: fmt.Sprintf("1.%d", a.gen),
+		StartedAt: int64(a.regs), Labels: map[string]string{"zone": zone, "gen": strconv.Itoa(a.gen)},
+	}
+}
+
+// stop ends the registration and/or leaves the election, gracefully.
+func (a *mdAgent) stop(liveness, election bool) string {
+	var out []string
+	if election && a.elec != nil {
+		a.writer.stop()
+		a.elec.Close()
+		out = append(out, "left "+a.ident)
+		a.elec, a.writer = nil, nil
+		a.shared.Store(nil)
+	}
+	if liveness && a.live != nil {
+		ctx, cancel := a.opCtx(2 * time.Second)
+		err := a.live.Stop(ctx)
+		cancel()
+		out = append(out, fmt.Sprintf("stopped: %v", err))
+		a.live = nil
+	}
+	if len(out) == 0 {
+		return "nothing to stop"
+	}
+	return strings.Join(out, "; ")
+}
+
+// crash closes the agent's client under its registration and election, as
+// if the process died, then checks that both end by themselves.
+func (a *mdAgent) crash() string {
+	if a.cli == nil {
+		return "not running"
+	}
+	a.cli.Close()
+	a.cli = nil
+	var out []string
+	if a.live != nil {
+		select {
+		case <-a.live.Done():
+			if err := a.live.Err(); !errors.Is(err, ErrClientClosed) {
+				a.m.errorf("%s: registration ended with %v after its client closed, want ErrClientClosed", a.id, err)
+			}
+		case <-time.After(patience()):
+			a.m.errorf("%s: registration still running %v after its client closed", a.id, patience())
+		}
+		ctx, cancel := a.opCtx(2 * time.Second)
+		if err := a.live.Stop(ctx); err != nil {
+			a.m.errorf("%s: Stop after the client closed: %v", a.id, err)
+		}
+		cancel()
+		a.live = nil
+		out = append(out, "registration ended")
+	}
+	if a.elec != nil {
+		select {
+		case <-a.elec.Done():
+		case <-time.After(patience()):
+			a.m.errorf("%s: leadership still running %v after its client closed", a.ident, patience())
+		}
+		a.writer.stop()
+		a.elec.Close()
+		a.elec, a.writer = nil, nil
+		a.shared.Store(nil)
+		out = append(out, "election ended")
+	}
+	return strings.Join(append([]string{"crashed"}, out...), "; ")
+}
+
+func (a *mdAgent) update(zone string) string {
+	if a.live == nil {
+		return "not registered"
+	}
+	a.gen++
+	meta := a.meta(zone)
+	ctx, cancel := a.opCtx(2 * time.Second)
+	err := a.live.Update(ctx, meta)
+	cancel()
+	if err != nil {
+		// It may have landed, or not.
+		a.metas = append(a.metas, meta)
+		return fmt.Sprintf("update to %s: %v", meta.Version, err)
+	}
+	a.metas = []HostMetadata{meta}
+	return "updated to " + meta.Version
+}
+
+func (a *mdAgent) campaign(d time.Duration, try bool) string {
+	if a.elec == nil {
+		return "not in the election"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	var err error
+	won := false
+	if try {
+		won, err = a.elec.TryCampaign(ctx, "")
+	} else {
+		err = a.elec.Campaign(ctx, "")
+		won = err == nil
+	}
+	if won {
+		a.m.won(a, a.elec)
+		return fmt.Sprintf("leads with token %d", a.elec.Token())
+	}
+	if err != nil {
+		return fmt.Sprintf("lost: %v", err)
+	}
+	return "someone else leads"
+}
+
+func (a *mdAgent) resign() string {
+	if a.elec == nil {
+		return "not in the election"
+	}
+	token := a.elec.Token()
+	ctx, cancel := a.opCtx(2 * time.Second)
+	err := a.elec.Resign(ctx)
+	cancel()
+	if err != nil {
+		return fmt.Sprintf("resign token %d: %v", token, err)
+	}
+	return fmt.Sprintf("resigned token %d", token)
+}
+
+// mdWriter appends to the log under Guard while its election leads.
+type mdWriter struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func (a *mdAgent) startWriter() *mdWriter {
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &mdWriter{cancel: cancel, done: make(chan struct{})}
+	cli, e, ident, inc := a.cli, a.elec, a.ident, a.inc
+	r := rand.New(rand.NewPCG(a.m.cfg.seed, uint64(a.i)<<32|uint64(inc)))
+	go func() {
+		defer close(w.done)
+		n := 0
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(10*time.Millisecond + time.Duration(r.Int64N(int64(40*time.Millisecond)))):
+			}
+			// Token and Guard from one term: tokens of successive terms
+			// differ, so equal tokens around Guard mean the same term.
+			token := e.Token()
+			if token == 0 {
+				continue
+			}
+			guard := e.Guard()
+			if e.Token() != token {
+				continue
+			}
+			n++
+			key := fmt.Sprintf("%s%s/%d/%06d", mdLog, a.id, inc, n)
+			wctx, wcancel := context.WithTimeout(ctx, 500*time.Millisecond)
+			resp, err := cli.Txn(wctx).If(guard).
+				Then(clientv3.OpPut(key, fmt.Sprintf("%s %d", ident, token)),
+					clientv3.OpGet(mdCandidate, clientv3.WithFirstCreate()...)).Commit()
+			wcancel()
+			if err != nil || !resp.Succeeded {
+				continue
+			}
+			a.m.writes.Add(1)
+			kvs := resp.Responses[1].GetResponseRange().Kvs
+			if len(kvs) == 0 || kvs[0].CreateRevision != token {
+				a.m.errorf("%s wrote under Guard with token %d at revision %d, but the leader then was %v",
+					ident, token, resp.Header.Revision, kvs)
+			}
+		}
+	}()
+	return w
+}
+
+func (w *mdWriter) stop() {
+	if w == nil {
+		return
+	}
+	w.cancel()
+	<-w.done
+}
+
+// mdWatcher consumes a HostWatcher's events into a replica, checking each
+// event against it.
+type mdWatcher struct {
+	m      *model
+	name   string
+	cli    *clientv3.Client
+	px     *coordtest.Proxy // nil unless behind a proxy
+	self   string
+	buffer int
+	slow   bool
+
+	w     *HostWatcher
+	done  chan struct{} // closed when the consumer exits
+	total int           // events consumed by earlier watchers; read after stop
+
+	mu      sync.Mutex
+	replica map[string]HostMetadata
+	closing bool
+	count   int
+}
+
+func (w *mdWatcher) start(salt uint64) {
+	hw, err := NewHostWatcher(context.Background(), w.cli, WatcherOptions{
+		Prefix: mdPrefix, Self: w.self, Buffer: w.buffer, Logger: w.m.logger("watcher", w.name),
+	})
+	if err != nil {
+		w.m.fatalf("%s: NewHostWatcher: %v", w.name, err)
+	}
+	w.mu.Lock()
+	w.w, w.replica, w.closing, w.count = hw, map[string]HostMetadata{}, false, 0
+	w.mu.Unlock()
+	w.done = make(chan struct{})
+	r := rand.New(rand.NewPCG(w.m.cfg.seed, salt<<8|uint64(len(w.name))))
+	go w.consume(hw, r)
+}
+
+func (w *mdWatcher) consume(hw *HostWatcher, r *rand.Rand) {
+	defer close(w.done)
+	var last int64
+	for ev := range hw.Events() {
+		if w.slow {
+			time.Sleep(time.Duration(r.Int64N(int64(2 * time.Millisecond))))
+		}
+		if ev.Revision < last {
+			w.m.errorf("%s: %v %s at revision %d after revision %d", w.name, ev.Kind, ev.HostUUID, ev.Revision, last)
+		}
+		last = ev.Revision
+		if ev.HostUUID == w.self || ev.HostUUID != ev.Metadata.HostUUID {
+			w.m.errorf("%s: event %+v (Self %q)", w.name, ev, w.self)
+		}
+		w.mu.Lock()
+		w.count++
+		old, had := w.replica[ev.HostUUID]
+		switch ev.Kind {
+		case HostUp:
+			if had {
+				w.m.errorf("%s: Up of %s at %d (synthetic %v), already up with %s", w.name, ev.HostUUID, ev.Revision, ev.Synthetic, mdMeta(old))
+			}
+			w.replica[ev.HostUUID] = ev.Metadata
+		case HostUpdated:
+			if !had {
+				w.m.errorf("%s: Updated of %s at %d (synthetic %v), which is not up", w.name, ev.HostUUID, ev.Revision, ev.Synthetic)
+			}
+			w.replica[ev.HostUUID] = ev.Metadata
+		case HostDown:
+			if !had {
+				w.m.errorf("%s: Down of %s at %d (synthetic %v), which is not up", w.name, ev.HostUUID, ev.Revision, ev.Synthetic)
+			} else if !reflect.DeepEqual(old, ev.Metadata) {
+				w.m.errorf("%s: Down of %s carries %s, last seen %s", w.name, ev.HostUUID, mdMeta(ev.Metadata), mdMeta(old))
+			}
+			delete(w.replica, ev.HostUUID)
+		default:
+			w.m.errorf("%s: event of kind %v", w.name, ev.Kind)
+		}
+		w.mu.Unlock()
+	}
+	w.mu.Lock()
+	closing := w.closing
+	w.mu.Unlock()
+	if !closing {
+		w.m.errorf("%s: Events closed: %v", w.name, hw.Err())
+	}
+}
+
+func (w *mdWatcher) stop() {
+	if w.w == nil {
+		return
+	}
+	w.mu.Lock()
+	w.closing = true
+	w.mu.Unlock()
+	w.w.Close()
+	<-w.done
+	if err := w.w.Err(); err != nil {
+		w.m.errorf("%s: Err after Close: %v", w.name, err)
+	}
+	w.total += w.count
+	w.count = 0
+}
+
+func (w *mdWatcher) replicaCopy() map[string]HostMetadata {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return maps.Clone(w.replica)
+}
+
+// mdDecode reads a host as a watcher does: JSON of HostMetadata naming the
+// host of its key.
+func mdDecode(key, value []byte) (HostMetadata, bool) {
+	var h HostMetadata
+	id := strings.TrimPrefix(string(key), mdPrefix)
+	if err := json.Unmarshal(value, &h); err != nil || id == "" || strings.Contains(id, "/") || h.HostUUID != id {
+		return HostMetadata{}, false
+	}
+	return h, true
+}
+
+// mdDiff describes how got differs from want, "" if it does not.
+func mdDiff(what string, got, want map[string]HostMetadata) string {
+	var d []string
+	for _, id := range slices.Sorted(maps.Keys(want)) {
+		g, ok := got[id]
+		switch {
+		case !ok:
+			d = append(d, "lacks "+mdMeta(want[id]))
+		case !reflect.DeepEqual(g, want[id]):
+			d = append(d, fmt.Sprintf("has %s, etcd %s", mdMeta(g), mdMeta(want[id])))
+		}
+	}
+	for _, id := range slices.Sorted(maps.Keys(got)) {
+		if _, ok := want[id]; !ok {
+			d = append(d, "has extra "+mdMeta(got[id]))
+		}
+	}
+	if len(d) == 0 {
+		return ""
+	}
+	return what + ": " + strings.Join(d, ", ")
+}
+
+// mdMeta is a short form of metadata for messages.
+func mdMeta(ms ...HostMetadata) string {
+	var s []string
+	for _, h := range ms {
+		s = append(s, fmt.Sprintf("%s{%s %s #%d}", h.HostUUID, h.Version, h.Labels["zone"], h.StartedAt))
+	}
+	return strings.Join(s, "|")
+}
+
+func mdClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// mdRing keeps the latest log records of the library, for a failure's
+// report.
+type mdRing struct {
+	mu   sync.Mutex
+	buf  []string
+	next int
+	full bool
+}
+
+func newMdRing(n int) *mdRing { return &mdRing{buf: make([]string, n)} }
+
+func (r *mdRing) add(s string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.buf[r.next] = s
+	r.next = (r.next + 1) % len(r.buf)
+	r.full = r.full || r.next == 0
+}
+
+func (r *mdRing) lines() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.full {
+		return slices.Clone(r.buf[:r.next])
+	}
+	return append(slices.Clone(r.buf[r.next:]), r.buf[:r.next]...)
+}
+
+// mdHandler is a slog.Handler writing one line per record into a ring.
+type mdHandler struct {
+	ring  *mdRing
+	start time.Time
+	attrs string
+}
+
+func (h *mdHandler) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h *mdHandler) Handle(_ context.Context, r slog.Record) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%9.3fs %-5s %s%s", r.Time.Sub(h.start).Seconds(), r.Level, r.Message, h.attrs)
+	r.Attrs(func(a slog.Attr) bool {
+		fmt.Fprintf(&b, " %s=%v", a.Key, a.Value)
+		return true
+	})
+	h.ring.add(b.String())
+	return nil
+}
+
+func (h *mdHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	var b strings.Builder
+	b.WriteString(h.attrs)
+	for _, a := range as {
+		fmt.Fprintf(&b, " %s=%v", a.Key, a.Value)
+	}
+	return &mdHandler{ring: h.ring, start: h.start, attrs: b.String()}
+}
+
+func (h *mdHandler) WithGroup(string) slog.Handler { return h }

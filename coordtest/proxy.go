@@ -1,50 +1,86 @@
 package coordtest
 
 import (
+	"context"
 	"errors"
-	"fmt"
+	"net"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/pkg/v3/proxy"
-	"go.uber.org/zap"
 )
 
 const (
-	// proxyReadyTimeout bounds the wait for a proxy to start listening.
-	proxyReadyTimeout = 10 * time.Second
-	// proxyCloseTimeout bounds the wait for a proxy to close; see
-	// Proxy.close.
+	// proxyDialTimeout bounds a proxy's dial of its server. The server is on
+	// loopback: a stopped one refuses at once.
+	proxyDialTimeout = time.Second
+	// proxyCloseTimeout bounds the wait for a proxy's goroutines to end once
+	// it has closed its listener and connections; see Proxy.close.
 	proxyCloseTimeout = 10 * time.Second
+	// proxyBufferSize is the size of the buffer of each direction of a
+	// connection: what a direction reads at once, and so what it holds while
+	// paused.
+	proxyBufferSize = 32 << 10
 )
 
 // Proxy is a TCP proxy in front of a Server (or of a Cluster Member),
 // listening on its own loopback port, used to cut clients off from the
 // server the way a network partition does while the server keeps running. It
 // forwards each accepted connection to the server's client port, so it keeps
-// working across Server.Restart (Member.Restart). Create it with
-// Server.NewProxy or Member.NewProxy.
+// working across Server.Restart (Member.Restart): while the server is
+// stopped, the connections it accepts are closed at once, as the server's
+// port would refuse them (except while blackholed, see Blackhole). Its port
+// is fixed for its whole life. Create it with Server.NewProxy or
+// Member.NewProxy.
 //
-// A Proxy's Close waits until every connection through it has ended. The
-// clients made by Proxy.NewClient are closed first automatically; a client
-// built by hand from Proxy.Endpoint or Proxy.ClientConfig must be closed
-// before the proxy's cleanup runs (e.g. by registering its Close with
-// t.Cleanup after calling NewProxy), or the test fails with an explanation.
+// A Proxy's cleanup (or the Server's Close, the Cluster's cleanup, if that
+// runs first) closes every connection through it and returns once none of
+// its goroutines remains. The clients made by
+// Proxy.NewClient are closed first; a client built by hand from
+// Proxy.Endpoint or Proxy.ClientConfig then sees its connections reset and
+// the proxy's port refuse new ones: close it as well (e.g. by registering
+// its Close with t.Cleanup after calling NewProxy).
 type Proxy struct {
 	owner    proxyOwner // the Server or Cluster whose cleanup closes it
 	f        failer     // the testing.TB given to NewProxy
-	px       proxy.Server
 	endpoint string
-	drained  chan struct{} // closed when the error drain goroutine exits
+	target   string // host:port of the server's client listener
+	ln       net.Listener
+	// stopDials cancels the dials in progress; called by close.
+	stopDials context.CancelFunc
+	dialCtx   context.Context
+	// running counts the accept loop and the connection goroutines.
+	running sync.WaitGroup
+	// accepted counts the connections accepted, for tests.
+	accepted atomic.Int64
 
 	closeOnce sync.Once
 
-	mu      sync.Mutex // guards the fields below
+	mu      sync.Mutex // guards the fields below and those of the conns
 	closed  bool
 	clients []*clientCloser
+	// blackholed is set between Blackhole and Unblackhole.
+	blackholed bool
+	// resume is non-nil between Pause and Unpause, which closes it.
+	resume chan struct{}
+	conns  map[*proxyConn]struct{} // the open connections
+}
+
+// proxyConn is one connection through a Proxy: the accepted one from the
+// client and the one the proxy dialled to the server.
+type proxyConn struct {
+	client net.Conn
+	// The fields below are guarded by the Proxy's mu.
+	server net.Conn // nil until dialled, and if never dialled
+	// cut is set when the connection saw a blackhole: accepted while
+	// blackholed or open at Blackhole. Its bytes are dropped from then on,
+	// and Unblackhole resets it.
+	cut    bool
+	closed bool
+	done   chan struct{} // closed when closed is set
 }
 
 // proxyOwner is what a Proxy and its clients are registered with, to be
@@ -66,75 +102,30 @@ func (s *Server) NewProxy(t testing.TB) *Proxy {
 // it with owner. See Server.NewProxy.
 func newProxy(t testing.TB, target url.URL, owner proxyOwner) *Proxy {
 	t.Helper()
-	var err error
-	for attempt := 0; attempt < portAttempts; attempt++ {
-		var ports []int
-		if ports, err = freeLoopbackPorts(1); err != nil {
-			break
-		}
-		from := loopbackURL("tcp", ports[0])
-		endpoint := loopbackURL("http", ports[0])
-		to := url.URL{Scheme: "tcp", Host: target.Host}
-		var px proxy.Server
-		if px, err = startProxy(from, to); err != nil {
-			if isAddrInUse(err) {
-				continue
-			}
-			break
-		}
-		p := &Proxy{
-			owner:    owner,
-			f:        t,
-			px:       px,
-			endpoint: endpoint.String(),
-			drained:  make(chan struct{}),
-		}
-		go p.drainErrors()
-		if err = owner.registerProxy(p); err != nil {
-			p.close()
-			break
-		}
-		t.Cleanup(p.close)
-		return p
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("coordtest: starting proxy in front of %s: listening: %v", target.String(), err)
 	}
-	t.Fatalf("coordtest: starting proxy in front of %s: %v", target.String(), err)
-	return nil
-}
-
-// startProxy starts a proxy from from to to and waits until it listens.
-func startProxy(from, to url.URL) (proxy.Server, error) {
-	px := proxy.NewServer(proxy.ServerConfig{Logger: zap.NewNop(), From: from, To: to})
-	timer := time.NewTimer(proxyReadyTimeout)
-	defer timer.Stop()
-	select {
-	case <-px.Ready():
-		return px, nil
-	case <-px.Done():
-		// NewServer failed to listen: it queued the error and closed.
-		select {
-		case err := <-px.Error():
-			return nil, fmt.Errorf("listening on %s: %w", from.Host, err)
-		default:
-			return nil, fmt.Errorf("listening on %s: proxy closed", from.Host)
-		}
-	case <-timer.C:
-		_ = px.Close()
-		return nil, fmt.Errorf("proxy on %s not ready after %v", from.Host, proxyReadyTimeout)
+	endpoint := loopbackURL("http", ln.Addr().(*net.TCPAddr).Port)
+	dialCtx, stopDials := context.WithCancel(context.Background())
+	p := &Proxy{
+		owner:     owner,
+		f:         t,
+		endpoint:  endpoint.String(),
+		target:    target.Host,
+		ln:        ln,
+		dialCtx:   dialCtx,
+		stopDials: stopDials,
+		conns:     make(map[*proxyConn]struct{}),
 	}
-}
-
-// drainErrors discards the proxy's errors (failed dials while the server is
-// stopped, resets, ...). The proxy reports them on a small buffered channel
-// and stalls once nobody reads it.
-func (p *Proxy) drainErrors() {
-	defer close(p.drained)
-	for {
-		select {
-		case <-p.px.Error():
-		case <-p.px.Done():
-			return
-		}
+	p.running.Add(1)
+	go p.acceptLoop()
+	if err := owner.registerProxy(p); err != nil {
+		p.close()
+		t.Fatalf("coordtest: starting proxy in front of %s: %v", target.String(), err)
 	}
+	t.Cleanup(p.close)
+	return p
 }
 
 // Endpoint returns the proxy's client URL, "http://127.0.0.1:PORT".
@@ -158,36 +149,64 @@ func (p *Proxy) NewClient(t testing.TB) *clientv3.Client {
 	return c.c
 }
 
-// Blackhole silently drops all traffic through the proxy in both directions
-// until Unblackhole. Connections stay open and new ones are still accepted,
-// but no byte gets through, so requests hang until their deadline. Dropped
-// bytes are lost for good (unlike Pause); a gRPC connection used while
-// blackholed may be unusable afterwards, and the client then replaces it.
+// Blackhole cuts the proxy off, as a network partition does, until
+// Unblackhole: no byte gets through in either direction, so requests hang
+// until their deadline. Open connections stay open (the server's closing one
+// does not get through to the client either) and new ones are still
+// accepted, but none reaches the server.
+//
+// The bytes sent meanwhile are dropped, as if the partition outlasted TCP's
+// retransmissions: Unblackhole therefore resets every connection that was
+// open at Blackhole or accepted since, and clients reconnect. (Use Pause for
+// a partition that heals before TCP gives up.)
 func (p *Proxy) Blackhole() {
-	p.px.BlackholeTx()
-	p.px.BlackholeRx()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.blackholed = true
+	for c := range p.conns {
+		c.cut = true
+	}
 }
 
-// Unblackhole lets traffic through again after Blackhole.
+// Unblackhole heals the partition made by Blackhole the way it heals once
+// TCP has given up: it resets every connection that was cut (each end sees
+// its connection fail) and lets new connections through. An etcd client
+// then reconnects by itself, retries its reads and re-creates its watches
+// from the last revision they delivered. Unblackhole without Blackhole does
+// nothing.
 func (p *Proxy) Unblackhole() {
-	p.px.UnblackholeTx()
-	p.px.UnblackholeRx()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.blackholed = false
+	for c := range p.conns {
+		if c.cut {
+			p.closeConnLocked(c, true)
+		}
+	}
 }
 
 // Pause holds all traffic through the proxy in both directions until
 // Unpause, without dropping it: like a partition that heals before TCP gives
-// up, everything sent meanwhile is delivered after Unpause and connections
-// stay usable.
+// up, everything sent meanwhile (a connection's close included) is
+// delivered after Unpause and connections stay usable. New connections are
+// still accepted, and their traffic held likewise.
 func (p *Proxy) Pause() {
-	p.px.PauseTx()
-	p.px.PauseRx()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.resume == nil {
+		p.resume = make(chan struct{})
+	}
 }
 
 // Unpause delivers the held traffic and lets traffic through again after
 // Pause.
 func (p *Proxy) Unpause() {
-	p.px.UnpauseTx()
-	p.px.UnpauseRx()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.resume != nil {
+		close(p.resume)
+		p.resume = nil
+	}
 }
 
 func (p *Proxy) register(c *clientCloser) error {
@@ -200,11 +219,166 @@ func (p *Proxy) register(c *clientCloser) error {
 	return nil
 }
 
-// close closes the proxy's clients, then the proxy, and waits until all its
-// goroutines are gone. The underlying proxy's Close waits for every
-// connection through it to end; if a connection outlives proxyCloseTimeout
-// (a client the proxy does not know of is still open) the test fails
-// instead of hanging.
+// acceptLoop accepts connections until the listener is closed and serves
+// each in its own goroutine.
+func (p *Proxy) acceptLoop() {
+	defer p.running.Done()
+	for {
+		conn, err := p.ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// A transient failure (e.g. out of file descriptors).
+			select {
+			case <-time.After(10 * time.Millisecond):
+			case <-p.dialCtx.Done():
+				return
+			}
+			continue
+		}
+		p.accepted.Add(1)
+		c := &proxyConn{client: conn, done: make(chan struct{})}
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			_ = conn.Close()
+			continue
+		}
+		c.cut = p.blackholed
+		p.conns[c] = struct{}{}
+		p.running.Add(1)
+		p.mu.Unlock()
+		go p.serve(c)
+	}
+}
+
+// serve dials the server for the accepted connection c, unless c is cut,
+// and copies its bytes both ways until it closes.
+func (p *Proxy) serve(c *proxyConn) {
+	defer p.running.Done()
+	p.mu.Lock()
+	cut := c.cut
+	p.mu.Unlock()
+	var server net.Conn
+	if !cut {
+		d := net.Dialer{Timeout: proxyDialTimeout}
+		conn, err := d.DialContext(p.dialCtx, "tcp", p.target)
+		p.mu.Lock()
+		switch {
+		case c.closed:
+			// Closed by Unblackhole or by the proxy's close meanwhile.
+			p.mu.Unlock()
+			if conn != nil {
+				_ = conn.Close()
+			}
+			return
+		case err != nil && !c.cut:
+			// The server is down: refuse the client at once, so that it
+			// retries soon rather than after its connection-attempt
+			// timeout.
+			p.closeConnLocked(c, true)
+			p.mu.Unlock()
+			return
+		case err == nil:
+			c.server = conn
+			server = conn
+		}
+		// Otherwise c was cut while dialling: it gets nowhere until
+		// Unblackhole resets it.
+		p.mu.Unlock()
+	}
+	if server != nil {
+		p.running.Add(1)
+		go func() {
+			defer p.running.Done()
+			p.pipe(c, server, c.client, false)
+		}()
+	}
+	p.pipe(c, c.client, server, true)
+}
+
+// pipe copies the bytes read from src to dst (nil if there is no server
+// connection) until src fails or c is closed. It holds them while the proxy
+// is paused and drops them once c is cut. When src ends, pipe closes c
+// (after holding the end while paused), unless c is cut and src is the
+// server's side: a partition lets no close through to the client. (A client
+// that has given up on a cut connection has nothing left to observe of it;
+// closing the server's side as well spares the server, if it is stopped
+// meanwhile, a graceful shutdown waiting for that connection.)
+func (p *Proxy) pipe(c *proxyConn, src, dst net.Conn, fromClient bool) {
+	buf := make([]byte, proxyBufferSize)
+	for {
+		n, err := src.Read(buf)
+		forward, open := p.gate(c)
+		if !open {
+			return
+		}
+		// Whether the side that failed, if any, is the client's.
+		clientFailed := fromClient
+		if n > 0 && forward && dst != nil {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				err, clientFailed = werr, !fromClient
+			}
+		}
+		if err != nil {
+			p.mu.Lock()
+			if !c.cut || clientFailed {
+				p.closeConnLocked(c, false)
+			}
+			p.mu.Unlock()
+			return
+		}
+	}
+}
+
+// gate waits while the proxy is paused, and then reports whether bytes of c
+// may go through (c is not cut) and whether c is still open.
+func (p *Proxy) gate(c *proxyConn) (forward, open bool) {
+	for {
+		p.mu.Lock()
+		if c.closed {
+			p.mu.Unlock()
+			return false, false
+		}
+		resume, cut := p.resume, c.cut
+		p.mu.Unlock()
+		if resume == nil {
+			return !cut, true
+		}
+		select {
+		case <-resume:
+		case <-c.done:
+		}
+	}
+}
+
+// closeConnLocked closes both sides of c, with a reset if reset is set, and
+// forgets it. p.mu must be held.
+func (p *Proxy) closeConnLocked(c *proxyConn, reset bool) {
+	if c.closed {
+		return
+	}
+	c.closed = true
+	close(c.done)
+	delete(p.conns, c)
+	for _, conn := range []net.Conn{c.client, c.server} {
+		if conn == nil {
+			continue
+		}
+		if tc, ok := conn.(*net.TCPConn); ok && reset {
+			// Linger 0: the close sends a reset, as a peer that has
+			// forgotten the connection answers.
+			_ = tc.SetLinger(0)
+		}
+		_ = conn.Close()
+	}
+}
+
+// close closes the proxy's clients, then the proxy's listener and every
+// connection through it, and waits until all its goroutines are gone. The
+// wait is bounded by proxyCloseTimeout as a safeguard: they end as soon as
+// their connections are closed.
 func (p *Proxy) close() {
 	p.closeOnce.Do(func() {
 		p.mu.Lock()
@@ -216,19 +390,25 @@ func (p *Proxy) close() {
 			c.close()
 		}
 
-		closed := make(chan error, 1)
-		go func() { closed <- p.px.Close() }()
+		p.stopDials()
+		_ = p.ln.Close()
+		p.mu.Lock()
+		for c := range p.conns {
+			p.closeConnLocked(c, false)
+		}
+		p.mu.Unlock()
+
+		finished := make(chan struct{})
+		go func() {
+			p.running.Wait()
+			close(finished)
+		}()
 		timer := time.NewTimer(proxyCloseTimeout)
 		defer timer.Stop()
 		select {
-		case err := <-closed:
-			if err != nil {
-				p.f.Logf("coordtest: closing proxy %s: %v", p.endpoint, err)
-			}
-			<-p.drained
+		case <-finished:
 		case <-timer.C:
-			p.f.Errorf("coordtest: proxy %s still has open connections %v after being closed; "+
-				"close clients of Proxy.Endpoint before the proxy's cleanup runs", p.endpoint, proxyCloseTimeout)
+			p.f.Errorf("coordtest: proxy %s: goroutines still running %v after being closed", p.endpoint, proxyCloseTimeout)
 		}
 	})
 }

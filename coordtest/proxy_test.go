@@ -1,0 +1,547 @@
+package coordtest
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/goleak"
+)
+
+// Tests of the Proxy at the TCP level, in front of an echo server, and then
+// with etcd clients.
+
+// silence is how long a test watches for bytes that must not come.
+const silence = 300 * time.Millisecond
+
+// bound stretches a deadline of the tests below for slow machines
+// (emulated CPUs), like the tests of package coord: COORD_TEST_SCALE=10
+// waits ten times longer.
+func bound(d time.Duration) time.Duration {
+	n, err := strconv.Atoi(os.Getenv("COORD_TEST_SCALE"))
+	if err != nil || n < 1 {
+		return d
+	}
+	return d * time.Duration(n)
+}
+
+// nopOwner owns a proxy in front of something that is not a Server.
+type nopOwner struct{}
+
+func (nopOwner) register(*clientCloser) error { return nil }
+func (nopOwner) registerProxy(*Proxy) error   { return nil }
+
+// echoServer echoes every connection back, until closed by its cleanup.
+type echoServer struct {
+	ln       net.Listener
+	wg       sync.WaitGroup
+	accepted atomic.Int64
+	ended    atomic.Int64 // connections ended by their client
+
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func newEchoServer(t *testing.T) *echoServer {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &echoServer{ln: ln}
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			e.accepted.Add(1)
+			e.mu.Lock()
+			e.conns = append(e.conns, c)
+			e.mu.Unlock()
+			e.wg.Add(1)
+			go func() {
+				defer e.wg.Done()
+				if _, err := io.Copy(c, c); err == nil {
+					e.ended.Add(1) // EOF from the client
+				}
+				_ = c.Close()
+			}()
+		}
+	}()
+	t.Cleanup(func() {
+		e.stop()
+		e.closeConns()
+		e.wg.Wait()
+	})
+	return e
+}
+
+// stop closes the listener: connections to it are refused from then on.
+func (e *echoServer) stop() { _ = e.ln.Close() }
+
+// closeConns closes the server's end of every connection it accepted.
+func (e *echoServer) closeConns() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, c := range e.conns {
+		_ = c.Close()
+	}
+	e.conns = nil
+}
+
+// newEchoProxy starts a proxy in front of e, closed by t's cleanup.
+func newEchoProxy(t *testing.T, e *echoServer) *Proxy {
+	t.Helper()
+	return newProxy(t, url.URL{Scheme: "http", Host: e.ln.Addr().String()}, nopOwner{})
+}
+
+func dialProxy(t *testing.T, p *Proxy) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(p.Endpoint(), "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func send(t *testing.T, c net.Conn, s string) {
+	t.Helper()
+	if _, err := c.Write([]byte(s)); err != nil {
+		t.Fatalf("writing %q: %v", s, err)
+	}
+}
+
+// expectRead reads len(want) bytes from c within d and checks them.
+func expectRead(t *testing.T, c net.Conn, want string, d time.Duration) {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(d))
+	defer c.SetReadDeadline(time.Time{})
+	buf := make([]byte, len(want))
+	if _, err := io.ReadFull(c, buf); err != nil {
+		t.Fatalf("reading %q: %v", want, err)
+	}
+	if string(buf) != want {
+		t.Fatalf("read %q, want %q", buf, want)
+	}
+}
+
+// expectSilence checks that nothing, not even the connection's end, comes
+// from c for a while.
+func expectSilence(t *testing.T, c net.Conn, what string) {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(silence))
+	defer c.SetReadDeadline(time.Time{})
+	buf := make([]byte, 64)
+	n, err := c.Read(buf)
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("%s: read %q, %v; want nothing", what, buf[:n], err)
+	}
+}
+
+// expectClosed checks that c ends (is closed or reset) within d, with no
+// byte before, and returns how long that took.
+func expectClosed(t *testing.T, c net.Conn, what string, d time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	_ = c.SetReadDeadline(start.Add(d))
+	defer c.SetReadDeadline(time.Time{})
+	buf := make([]byte, 64)
+	n, err := c.Read(buf)
+	took := time.Since(start)
+	var ne net.Error
+	if n > 0 || err == nil || (errors.As(err, &ne) && ne.Timeout()) {
+		t.Fatalf("%s: read %q, %v; want the connection closed within %v", what, buf[:n], err, d)
+	}
+	return took
+}
+
+func TestProxyTCPForwards(t *testing.T) {
+	e := newEchoServer(t)
+	p := newEchoProxy(t, e)
+	a, b := dialProxy(t, p), dialProxy(t, p)
+	send(t, a, "hello")
+	send(t, b, "world")
+	expectRead(t, a, "hello", bound(5*time.Second))
+	expectRead(t, b, "world", bound(5*time.Second))
+	big := strings.Repeat("0123456789", 50_000) // several buffers' worth
+	go func() { _, _ = a.Write([]byte(big)) }()
+	expectRead(t, a, big, bound(10*time.Second))
+	// The server's close gets through.
+	e.closeConns()
+	expectClosed(t, a, "connection closed by the server", bound(5*time.Second))
+	expectClosed(t, b, "connection closed by the server", bound(5*time.Second))
+}
+
+func TestProxyTCPBlackhole(t *testing.T) {
+	e := newEchoServer(t)
+	p := newEchoProxy(t, e)
+	before, gone := dialProxy(t, p), dialProxy(t, p)
+	send(t, before, "hello")
+	expectRead(t, before, "hello", bound(5*time.Second))
+	send(t, gone, "hello")
+	expectRead(t, gone, "hello", bound(5*time.Second))
+
+	p.Blackhole()
+	p.Blackhole() // idempotent
+	// A client giving up on its connection: the server's side is closed
+	// too (no one is left to observe it).
+	gone.Close()
+	for deadline := time.Now().Add(bound(5 * time.Second)); e.ended.Load() != 1; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("connection closed by its client while blackholed still open to the server")
+		}
+	}
+	send(t, before, "lost")
+	expectSilence(t, before, "open connection while blackholed")
+	during := dialProxy(t, p)
+	send(t, during, "lost too")
+	expectSilence(t, during, "connection made while blackholed")
+	if n := e.accepted.Load(); n != 2 {
+		t.Errorf("the server accepted %d connections, want 2: one made while blackholed got through", n)
+	}
+	// Neither does a close by the server get through.
+	e.closeConns()
+	expectSilence(t, before, "connection closed by the server while blackholed")
+
+	p.Unblackhole()
+	took := expectClosed(t, before, "connection open at Blackhole, after Unblackhole", bound(time.Second))
+	expectClosed(t, during, "connection made while blackholed, after Unblackhole", bound(time.Second))
+	t.Logf("blackholed connection reset %v after Unblackhole", took)
+	p.Unblackhole() // harmless
+
+	after := dialProxy(t, p)
+	send(t, after, "again")
+	expectRead(t, after, "again", bound(5*time.Second))
+}
+
+func TestProxyTCPPause(t *testing.T) {
+	e := newEchoServer(t)
+	p := newEchoProxy(t, e)
+	a := dialProxy(t, p)
+	send(t, a, "hello")
+	expectRead(t, a, "hello", bound(5*time.Second))
+
+	p.Pause()
+	p.Pause() // idempotent
+	send(t, a, "held")
+	expectSilence(t, a, "open connection while paused")
+	b := dialProxy(t, p)
+	send(t, b, "held too")
+	expectSilence(t, b, "connection made while paused")
+	p.Unpause()
+	expectRead(t, a, "held", bound(5*time.Second))
+	expectRead(t, b, "held too", bound(5*time.Second))
+	p.Unpause() // harmless
+	send(t, a, "still open")
+	expectRead(t, a, "still open", bound(5*time.Second))
+
+	// A close is held too, and delivered after Unpause.
+	p.Pause()
+	e.closeConns()
+	expectSilence(t, a, "connection closed by the server while paused")
+	p.Unpause()
+	expectClosed(t, a, "connection closed by the server, after Unpause", bound(5*time.Second))
+}
+
+func TestProxyTCPServerDown(t *testing.T) {
+	e := newEchoServer(t)
+	p := newEchoProxy(t, e)
+	e.stop()
+	// The connection is accepted, then closed as soon as the dial of the
+	// server fails, so clients retry without waiting for a timeout.
+	start := time.Now()
+	c, err := net.Dial("tcp", strings.TrimPrefix(p.Endpoint(), "http://"))
+	if err != nil {
+		// The reset came before the connection was reported established.
+		if !errors.Is(err, syscall.ECONNRESET) {
+			t.Fatalf("connecting to the proxy: %v", err)
+		}
+	} else {
+		defer c.Close()
+		expectClosed(t, c, "connection to a stopped server", bound(500*time.Millisecond))
+	}
+	t.Logf("connection to a stopped server closed after %v (%v)", time.Since(start), err)
+
+	// While blackholed, it is not even dialled: it hangs until Unblackhole.
+	p.Blackhole()
+	c = dialProxy(t, p)
+	expectSilence(t, c, "connection made while blackholed to a stopped server")
+	p.Unblackhole()
+	expectClosed(t, c, "connection made while blackholed, after Unblackhole", bound(time.Second))
+}
+
+// proxyGoroutines returns the stacks of the goroutines running the code of
+// the Proxy.
+func proxyGoroutines() []string {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	var ours []string
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "coordtest.(*Proxy)") {
+			ours = append(ours, g)
+		}
+	}
+	return ours
+}
+
+func TestProxyCloseLeavesNothing(t *testing.T) {
+	e := newEchoServer(t)
+	ignore := goleak.IgnoreCurrent()
+	t.Run("sub", func(t *testing.T) {
+		p := newEchoProxy(t, e)
+		p.Blackhole()
+		cut := dialProxy(t, p) // reset by Unblackhole
+		send(t, cut, "lost")
+		p.Unblackhole()
+		normal := dialProxy(t, p)
+		send(t, normal, "x")
+		expectRead(t, normal, "x", bound(5*time.Second))
+		// Left open with bytes held, or dropped: the close must end it all.
+		p.Pause()
+		held := dialProxy(t, p)
+		send(t, held, "held")
+		send(t, normal, "held")
+		p.Blackhole()
+		dropped := dialProxy(t, p)
+		send(t, dropped, "lost")
+		// Closing it before its cleanup does as well; the cleanup then
+		// does nothing.
+		p.close()
+		if g := proxyGoroutines(); len(g) != 0 {
+			t.Fatalf("goroutines of the proxy left after its close:\n%s", strings.Join(g, "\n\n"))
+		}
+		for _, c := range []net.Conn{normal, held, dropped} {
+			expectClosed(t, c, "connection open at the proxy's close", bound(time.Second))
+		}
+		if c, err := net.Dial("tcp", strings.TrimPrefix(p.Endpoint(), "http://")); err == nil {
+			c.Close()
+			t.Error("the proxy still accepts connections after its close")
+		}
+	})
+	e.closeConns()
+	goleak.VerifyNone(t, ignore)
+}
+
+// Tests with etcd clients.
+
+// watchValue waits up to d for the next response on wch and returns the
+// value of its single event.
+func watchValue(t *testing.T, wch clientv3.WatchChan, d time.Duration) string {
+	t.Helper()
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case wr, ok := <-wch:
+		if !ok {
+			t.Fatal("watch channel closed")
+		}
+		if err := wr.Err(); err != nil {
+			t.Fatalf("watch: %v", err)
+		}
+		if len(wr.Events) != 1 {
+			t.Fatalf("watch response with %d events, want 1: %+v", len(wr.Events), wr)
+		}
+		return string(wr.Events[0].Kv.Value)
+	case <-timer.C:
+		t.Fatalf("no watch event within %v", d)
+		return ""
+	}
+}
+
+func expectNoWatchEvent(t *testing.T, wch clientv3.WatchChan, what string) {
+	t.Helper()
+	select {
+	case wr := <-wch:
+		t.Fatalf("%s: watch got %+v (err %v), want nothing", what, wr, wr.Err())
+	case <-time.After(silence):
+	}
+}
+
+// openWatch opens a watch of key through c, from the revision after rev, and
+// waits until it is established.
+func openWatch(t *testing.T, ctx context.Context, c *clientv3.Client, key string, rev int64) clientv3.WatchChan {
+	t.Helper()
+	wctx, cancel := context.WithCancel(ctx)
+	t.Cleanup(cancel)
+	wch := c.Watch(wctx, key, clientv3.WithRev(rev+1), clientv3.WithCreatedNotify())
+	select {
+	case wr, ok := <-wch:
+		if !ok || !wr.Created {
+			t.Fatalf("watch not created: %+v, %v", wr, ok)
+		}
+	case <-ctx.Done():
+		t.Fatal("watch not created")
+	}
+	return wch
+}
+
+// healBound bounds how long a client may take to resume after a blackhole
+// heals: it reconnects at once (its reconnection backoff is reset by the
+// connection that was working).
+var healBound = bound(5 * time.Second)
+
+func TestProxyUnblackholeResumesWatch(t *testing.T) {
+	ctx := testCtx(t)
+	s := NewServer(t)
+	p := s.NewProxy(t)
+	pc := p.NewClient(t)
+	direct := s.Client()
+	put, err := pc.Put(ctx, "w", "first")
+	if err != nil {
+		t.Fatalf("Put: %v", err)
+	}
+	wch := openWatch(t, ctx, pc, "w", put.Header.Revision)
+	if _, err := direct.Put(ctx, "w", "live"); err != nil {
+		t.Fatalf("Put: %v", err)
+	}
+	if got := watchValue(t, wch, healBound); got != "live" {
+		t.Fatalf("watch event %q, want live", got)
+	}
+	accepted := p.accepted.Load()
+
+	for i, val := range []string{"during 1", "during 2", "during 3"} {
+		p.Blackhole()
+		if _, err := direct.Put(ctx, "w", val); err != nil {
+			t.Fatalf("Put: %v", err)
+		}
+		expectNoWatchEvent(t, wch, "watch through a blackholed proxy")
+		p.Unblackhole()
+		start := time.Now()
+		// The event written while cut off comes, once: the client has
+		// re-created its watch from the revision after the last it got.
+		if got := watchValue(t, wch, healBound); got != val {
+			t.Fatalf("watch event %q after Unblackhole, want %q", got, val)
+		}
+		t.Logf("heal %d: watch event %v after Unblackhole", i+1, time.Since(start))
+		expectNoWatchEvent(t, wch, "watch after catching up")
+	}
+	if n := p.accepted.Load() - accepted; n < 3 {
+		t.Errorf("%d connections made through the proxy across 3 heals, want at least 3 (one per reset)", n)
+	}
+}
+
+func TestProxyUnblackholeGet(t *testing.T) {
+	ctx := testCtx(t)
+	s := NewServer(t)
+	p := s.NewProxy(t)
+	pc := p.NewClient(t)
+	direct := s.Client()
+	if _, err := pc.Put(ctx, "k", "v0"); err != nil {
+		t.Fatalf("Put: %v", err)
+	}
+	for i := 1; i <= 3; i++ {
+		p.Blackhole()
+		// Requests sent meanwhile are lost: the HTTP/2 states of the two
+		// ends no longer agree, so the connection cannot be used again.
+		for range 2 {
+			bctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+			_, err := pc.Get(bctx, "k")
+			cancel()
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("Get through a blackholed proxy: err = %v, want context.DeadlineExceeded", err)
+			}
+		}
+		val := "v" + string(rune('0'+i))
+		if _, err := direct.Put(ctx, "k", val); err != nil {
+			t.Fatalf("Put: %v", err)
+		}
+		p.Unblackhole()
+		start := time.Now()
+		gctx, cancel := context.WithTimeout(ctx, bound(2*time.Second))
+		got, err := getValue(gctx, pc, "k")
+		cancel()
+		if err != nil || got != val {
+			t.Fatalf("heal %d: Get within 2s of Unblackhole = %q, %v; want %q", i, got, err, val)
+		}
+		t.Logf("heal %d: Get answered %v after Unblackhole", i, time.Since(start))
+		// Writes go through as well.
+		wctx, cancel := context.WithTimeout(ctx, bound(2*time.Second))
+		_, err = pc.Put(wctx, "k", val+"+")
+		cancel()
+		if err != nil {
+			t.Fatalf("heal %d: Put after Unblackhole: %v", i, err)
+		}
+	}
+}
+
+func TestProxyPauseKeepsWatch(t *testing.T) {
+	ctx := testCtx(t)
+	s := NewServer(t)
+	p := s.NewProxy(t)
+	pc := p.NewClient(t)
+	direct := s.Client()
+	put, err := pc.Put(ctx, "w", "first")
+	if err != nil {
+		t.Fatalf("Put: %v", err)
+	}
+	wch := openWatch(t, ctx, pc, "w", put.Header.Revision)
+	accepted := p.accepted.Load()
+
+	p.Pause()
+	if _, err := direct.Put(ctx, "w", "held"); err != nil {
+		t.Fatalf("Put: %v", err)
+	}
+	expectNoWatchEvent(t, wch, "watch through a paused proxy")
+	p.Unpause()
+	start := time.Now()
+	if got := watchValue(t, wch, healBound); got != "held" {
+		t.Fatalf("watch event %q after Unpause, want held", got)
+	}
+	t.Logf("held watch event delivered %v after Unpause", time.Since(start))
+	if got, err := getValue(ctx, pc, "w"); err != nil || got != "held" {
+		t.Fatalf("Get after Unpause = %q, %v; want held", got, err)
+	}
+	// On the same connection: the client did not have to reconnect.
+	if n := p.accepted.Load() - accepted; n != 0 {
+		t.Errorf("%d connections made through the proxy across a pause, want 0", n)
+	}
+}
+
+// TestProxyBlackholeStoppedServer heals a blackhole while the server is
+// stopped, and then restarts it, as tests do to make a watch resume from a
+// compacted revision.
+func TestProxyBlackholeStoppedServer(t *testing.T) {
+	ctx := testCtx(t)
+	s := NewServer(t)
+	p := s.NewProxy(t)
+	pc := p.NewClient(t)
+	if _, err := pc.Put(ctx, "k", "v"); err != nil {
+		t.Fatalf("Put: %v", err)
+	}
+	p.Blackhole()
+	s.Stop()
+	p.Unblackhole()
+	s.Restart()
+	start := time.Now()
+	gctx, cancel := context.WithTimeout(ctx, bound(2*time.Second))
+	got, err := getValue(gctx, pc, "k")
+	cancel()
+	if err != nil || got != "v" {
+		t.Fatalf("Get within 2s of Restart = %q, %v; want v", got, err)
+	}
+	t.Logf("Get answered %v after Restart", time.Since(start))
+}

@@ -223,6 +223,9 @@ func (w *HostWatcher) run(ctx context.Context) {
 				}
 				queue[0] = queued{}
 				queue = queue[1:]
+				if len(queue) == 0 {
+					queue = nil // let go of the array behind a big snapshot
+				}
 				if syncLeft > 0 {
 					syncLeft = w.syncStep(syncLeft - 1)
 				}

@@ -1,0 +1,8 @@
+//go:build !unix
+
+package main
+
+import "time"
+
+// benchProcessCPU is not measured on this platform.
+func benchProcessCPU() (time.Duration, bool) { return 0, false }

@@ -1,0 +1,230 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-coord/coord"
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	"google.golang.org/grpc"
+)
+
+// benchRPCCounter counts, on one client, what etcd receives from it about
+// leases: every LeaseKeepAlive request (each renewal), the LeaseKeepAlive
+// streams opened, and the leases granted and revoked. It sits below the
+// client's retry interceptor, so it counts what goes on the wire.
+type benchRPCCounter struct {
+	keepAlives atomic.Int64
+	streams    atomic.Int64
+	grants     atomic.Int64
+	revokes    atomic.Int64
+	lastSend   atomic.Int64 // when the latest LeaseKeepAlive was sent, in Unix ns
+}
+
+func (c *benchRPCCounter) dialOptions() []grpc.DialOption {
+	return []grpc.DialOption{
+		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+			s, err := streamer(ctx, desc, cc, method, opts...)
+			if err != nil || method != pb.Lease_LeaseKeepAlive_FullMethodName {
+				return s, err
+			}
+			c.streams.Add(1)
+			return benchCountingStream{ClientStream: s, c: c}, nil
+		}),
+		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			err := invoker(ctx, method, req, reply, cc, opts...)
+			if err == nil {
+				switch method {
+				case pb.Lease_LeaseGrant_FullMethodName:
+					c.grants.Add(1)
+				case pb.Lease_LeaseRevoke_FullMethodName:
+					c.revokes.Add(1)
+				}
+			}
+			return err
+		}),
+	}
+}
+
+type benchCountingStream struct {
+	grpc.ClientStream
+	c *benchRPCCounter
+}
+
+func (s benchCountingStream) SendMsg(m any) error {
+	t := time.Now()
+	err := s.ClientStream.SendMsg(m)
+	if err == nil {
+		s.c.keepAlives.Add(1)
+		s.c.lastSend.Store(t.UnixNano())
+	}
+	return err
+}
+
+// sinceRenewal returns how long before t the latest renewal was sent, and
+// false if none was.
+func (c *benchRPCCounter) sinceRenewal(t time.Time) (time.Duration, bool) {
+	last := c.lastSend.Load()
+	if last == 0 {
+		return 0, false
+	}
+	return t.Sub(time.Unix(0, last)), true
+}
+
+// benchLoadResult is what one side of scenario 7 cost etcd over the window.
+type benchLoadResult struct {
+	keepAlives, streams float64 // per second
+	leases              int64   // held during the window
+	cpu                 time.Duration
+	cpuOK               bool
+}
+
+// benchLoad measures scenario 7: one host with its liveness and
+// cfg.loadKeys pooled election keys (each campaigned, so the host leads
+// them all), and what that costs etcd in lease renewals. coord: a
+// HostLiveness and an ElectionPool. plain: Grant + KeepAlive + Put, and one
+// concurrency session and election per key, the pool's layout. The sides
+// run one after the other, so that the process CPU time of each can be
+// told apart.
+func benchLoad(ctx context.Context, env *benchEnv, cfg benchConfig) ([]benchRow, error) {
+	// What the process burns with nothing to do, for comparison.
+	idle := cfg.loadWindow / 3
+	cpu0, cpuOK := benchProcessCPU()
+	if err := benchSleep(ctx, idle); err != nil {
+		return nil, err
+	}
+	cpu1, _ := benchProcessCPU()
+	idleCPU := float64(cpu1-cpu0) / float64(time.Millisecond) / idle.Seconds()
+	var res [2]benchLoadResult
+	for i, side := range []string{"coord", "plain"} {
+		var err error
+		if res[i], err = benchLoadSide(ctx, env, cfg, side); err != nil {
+			return nil, fmt.Errorf("%s: %w", side, err)
+		}
+	}
+	c, p := res[0], res[1]
+	// The least etcd must do: the host's liveness and all its election
+	// keys die together when the process does, so one lease can hold them
+	// all, renewed once per third of the TTL on one long-lived stream.
+	floorTTL := cfg.loadLivenessTTL
+	floorRate := 3 / floorTTL.Seconds()
+	setup := fmt.Sprintf("one host: liveness (TTL %s) + %s pooled election keys (TTL %s), led",
+		benchSecs(cfg.loadLivenessTTL), benchCount(cfg.loadKeys), benchSecs(cfg.loadPoolTTL))
+	rows := []benchRow{
+		{
+			scenario: fmt.Sprintf("7. etcd load, %s: LeaseKeepAlive requests/s over %s", setup, benchSecs(cfg.loadWindow)),
+			coord:    fmt.Sprintf("%.1f/s", c.keepAlives),
+			plain:    fmt.Sprintf("%.1f/s", p.keepAlives),
+			ratio:    benchRatio(c.keepAlives, p.keepAlives, "requests/s"),
+			limit: fmt.Sprintf("%.2f/s: one lease for everything (they die together), renewed every TTL/3 = %s",
+				floorRate, benchSecs(floorTTL/3)),
+		},
+		{
+			scenario: "7. etcd load, same host: LeaseKeepAlive streams opened/s",
+			coord:    fmt.Sprintf("%.1f/s", c.streams),
+			plain:    fmt.Sprintf("%.1f/s", p.streams),
+			ratio:    benchRatio(c.streams, p.streams, "streams/s"),
+			limit:    "0/s: one long-lived stream per client carries every renewal",
+		},
+		{
+			scenario: "7. etcd load, same host: leases held",
+			coord:    fmt.Sprint(c.leases),
+			plain:    fmt.Sprint(p.leases),
+			ratio:    benchRatio(float64(c.leases), float64(p.leases), "leases"),
+			limit:    "1 (see above)",
+		},
+	}
+	if cpuOK && c.cpuOK && p.cpuOK {
+		perSec := func(d time.Duration) float64 {
+			return float64(d) / float64(time.Millisecond) / cfg.loadWindow.Seconds()
+		}
+		rows = append(rows, benchRow{
+			scenario: "7. etcd load, same host: CPU of this process (client" + map[bool]string{true: " + embedded etcd", false: ""}[env.embedded] + ") during the window, ms per s",
+			coord:    fmt.Sprintf("%.1f ms/s", perSec(c.cpu)),
+			plain:    fmt.Sprintf("%.1f ms/s", perSec(p.cpu)),
+			ratio:    benchRatio(float64(c.cpu), float64(p.cpu), "CPU"),
+			limit:    fmt.Sprintf("%.1f ms/s idle (nothing registered)", idleCPU),
+		})
+	}
+	return rows, nil
+}
+
+func benchLoadSide(ctx context.Context, env *benchEnv, cfg benchConfig, side string) (benchLoadResult, error) {
+	var cnt benchRPCCounter
+	cli, err := env.client(cnt.dialOptions()...)
+	if err != nil {
+		return benchLoadResult{}, err
+	}
+	defer cli.Close()
+	prefix := env.prefix("load", side)
+	m := benchMeta(side, 0)
+	key := func(i int) string { return env.electionKey("load", side+"-elections", fmt.Sprint(i)) }
+	t := time.Now()
+	if side == "coord" {
+		h, err := coord.RegisterHostLiveness(ctx, cli, m, coord.LivenessOptions{Prefix: prefix, TTL: cfg.loadLivenessTTL})
+		if err != nil {
+			return benchLoadResult{}, err
+		}
+		defer h.Stop(context.Background())
+		pool := coord.NewElectionPool(cli, coord.PoolOptions{TTL: cfg.loadPoolTTL, Identity: m.Hostname})
+		defer pool.Close()
+		for i := range cfg.loadKeys {
+			e, err := pool.Election(ctx, key(i))
+			if err != nil {
+				return benchLoadResult{}, err
+			}
+			if err := e.Campaign(ctx, ""); err != nil {
+				return benchLoadResult{}, err
+			}
+		}
+	} else {
+		g, err := cli.Grant(ctx, int64(cfg.loadLivenessTTL/time.Second))
+		if err != nil {
+			return benchLoadResult{}, err
+		}
+		kctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		ka, err := cli.KeepAlive(kctx, g.ID)
+		if err != nil {
+			return benchLoadResult{}, err
+		}
+		go func() {
+			for range ka {
+			}
+		}()
+		if _, err := cli.Put(ctx, prefix+m.HostUUID, benchValue(m), clientv3.WithLease(g.ID)); err != nil {
+			return benchLoadResult{}, err
+		}
+		defer cli.Revoke(context.Background(), g.ID)
+		for i := range cfg.loadKeys {
+			s, err := concurrency.NewSession(cli, concurrency.WithTTL(int(cfg.loadPoolTTL/time.Second)), concurrency.WithContext(context.Background()))
+			if err != nil {
+				return benchLoadResult{}, err
+			}
+			defer s.Close()
+			if err := concurrency.NewElection(s, key(i)).Campaign(ctx, m.Hostname); err != nil {
+				return benchLoadResult{}, err
+			}
+		}
+	}
+	env.progress("scenario 7 (%s): set up in %v; counting for %v", side, time.Since(t).Round(time.Millisecond), cfg.loadWindow)
+	leases := cnt.grants.Load() - cnt.revokes.Load()
+	ka0, st0 := cnt.keepAlives.Load(), cnt.streams.Load()
+	cpu0, cpuOK := benchProcessCPU()
+	if err := benchSleep(ctx, cfg.loadWindow); err != nil {
+		return benchLoadResult{}, err
+	}
+	cpu1, _ := benchProcessCPU()
+	w := cfg.loadWindow.Seconds()
+	return benchLoadResult{
+		keepAlives: float64(cnt.keepAlives.Load()-ka0) / w,
+		streams:    float64(cnt.streams.Load()-st0) / w,
+		leases:     leases,
+		cpu:        cpu1 - cpu0,
+		cpuOK:      cpuOK,
+	}, nil
+}

@@ -1,0 +1,141 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/go-coord/coord"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// leaderInfo is what coord leader -o json prints.
+type leaderInfo struct {
+	Key      string `json:"key"`
+	Identity string `json:"identity"`
+	Token    int64  `json:"token"` // the leader key's create revision: the fencing token
+	Lease    string `json:"lease"`
+}
+
+func cmdLeader(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	c := newCmdFlags("leader", "KEY", `Print the identity of the leader of election KEY, the candidate of
+KEY/<lease> created first (as etcd's concurrency package and "etcdctl elect"
+see it). Exits with status 1 when the election has no leader. It only
+reads: no lease or key is created.`, true)
+	output := c.String("o", "text", "output `format`: text (the identity) or json")
+	pos, err := c.parse(args, stdout, 1)
+	if err != nil {
+		return err
+	}
+	key := pos[0]
+	if err := checkElectionKey(key); err != nil {
+		return err
+	}
+	if *output != "text" && *output != "json" {
+		return usagef("-o %q: want text or json", *output)
+	}
+	cli, err := c.conn.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(ctx, c.conn.commandTimeout)
+	defer cancel()
+	// coord's Election.Leader would do, but an Election holds a session:
+	// it would grant a lease just to read a key.
+	resp, err := cli.Get(ctx, key+"/", clientv3.WithFirstCreate()...)
+	if err != nil {
+		return fmt.Errorf("read leader of %s: %w", key, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return fmt.Errorf("election %s has no leader", key)
+	}
+	kv := resp.Kvs[0]
+	if *output == "json" {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(leaderInfo{Key: key, Identity: string(kv.Value), Token: kv.CreateRevision, Lease: fmt.Sprintf("%x", kv.Lease)})
+	}
+	_, err = fmt.Fprintln(stdout, string(kv.Value))
+	return err
+}
+
+func cmdCampaign(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	c := newCmdFlags("campaign", "KEY IDENTITY", `Campaign in election KEY as IDENTITY, wait to lead, and hold leadership
+until interrupted (Ctrl-C, SIGTERM); then resign, so the next candidate
+leads at once. A line is printed when leadership is gained and when it ends.
+Exits with status 1 if leadership is lost (e.g. the session expired while
+etcd was unreachable); an interrupt before or while leading exits with 0.`, true)
+	ttl := c.Duration("ttl", coord.DefaultElectionTTL, "TTL of the campaign's session: a whole number of seconds.\nIf this process dies, the next candidate leads about this long after")
+	pos, err := c.parse(args, stdout, 2)
+	if err != nil {
+		return err
+	}
+	key, identity := pos[0], pos[1]
+	if err := checkElectionKey(key); err != nil {
+		return err
+	}
+	if *ttl <= 0 || *ttl%time.Second != 0 {
+		return usagef("--ttl %v: want a positive whole number of seconds", *ttl)
+	}
+	cli, err := c.conn.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	// The election's warnings would repeat what campaign reports; one even
+	// comes with every Resign (its own delete of the leader key races the
+	// watch that ends leadership).
+	var log *slog.Logger
+	if c.conn.debug {
+		log = c.conn.logger(stderr)
+	}
+	nctx, cancel := context.WithTimeout(ctx, c.conn.commandTimeout)
+	e, err := coord.NewElection(nctx, cli, coord.ElectionOptions{Key: key, TTL: *ttl, Identity: identity, Logger: log})
+	cancel()
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+	// Close resigns too; it is bounded by about one TTL.
+	defer e.Close()
+	fmt.Fprintf(stderr, "coord: campaigning in %s as %q (Ctrl-C to stop)\n", key, identity)
+	if err := e.Campaign(ctx, identity); err != nil {
+		if ctx.Err() != nil {
+			// Campaign left no candidate key behind.
+			fmt.Fprintf(stdout, "%s  interrupted before leading %s\n", time.Now().Format(timestamp), key)
+			return nil
+		}
+		return err
+	}
+	fmt.Fprintf(stdout, "%s  leading %s as %q (token %d)\n", time.Now().Format(timestamp), key, identity, e.Token())
+	select {
+	case <-e.Done():
+		if ctx.Err() == nil {
+			return fmt.Errorf("campaign in %s: leadership lost", key)
+		}
+	case <-ctx.Done():
+	}
+	rctx, cancel := context.WithTimeout(context.Background(), c.conn.commandTimeout)
+	defer cancel()
+	if err := e.Resign(rctx); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "%s  resigned from %s\n", time.Now().Format(timestamp), key)
+	return nil
+}
+
+// checkElectionKey applies coord's rule for election keys, so that a bad
+// key is a usage error found before dialling.
+func checkElectionKey(key string) error {
+	if key == "" || strings.HasSuffix(key, "/") || strings.Contains(key, "//") {
+		return usagef("election key %q: want non-empty, no trailing /, no //", key)
+	}
+	return nil
+}

@@ -323,17 +323,24 @@ func (e *Election) monitor(l *leadership, rev int64) {
 	defer e.wg.Done()
 	defer emit(e.signal, Signal{Kind: SignalLeadershipLost, Key: e.key, Token: l.rev})
 	defer l.cancel()
-	wch := e.cli.Watch(clientv3.WithRequireLeader(l.ctx), l.key, clientv3.WithRev(rev+1), clientv3.WithFilterPut())
+	wch := e.cli.Watch(clientv3.WithRequireLeader(l.ctx), l.key, clientv3.WithRev(rev+1))
 	for {
 		select {
 		case <-l.ctx.Done():
 			e.log.Info("coord: leadership ended", "token", l.rev)
 			return
 		case wr, ok := <-wch:
-			if len(wr.Events) > 0 {
-				// Ours, by Resign, or someone else's: either way it ends.
-				e.log.Info("coord: leader key deleted, leadership ended", "token", l.rev)
-				return
+			for _, ev := range wr.Events {
+				if ev.Type == mvccpb.DELETE {
+					// Ours, by Resign, or someone else's: either way it ends.
+					e.log.Info("coord: leader key deleted, leadership ended", "token", l.rev)
+					return
+				}
+				if ev.Kv.Lease != int64(l.sess.id) {
+					e.log.Warn("coord: leader key written off our lease, stepping down", "token", l.rev, "lease", hexID(clientv3.LeaseID(ev.Kv.Lease)))
+					e.dropKey(l)
+					return
+				}
 			}
 			if !ok || wr.Err() != nil {
 				// The watch broke: read the key and watch on. If etcd will
@@ -354,18 +361,32 @@ func (e *Election) monitor(l *leadership, rev int64) {
 					}
 					return
 				}
-				if err == nil && (len(g.Kvs) == 0 || g.Kvs[0].CreateRevision != l.rev) {
-					e.log.Warn("coord: leader key gone, leadership lost", "token", l.rev)
+				if err == nil && (len(g.Kvs) == 0 || g.Kvs[0].CreateRevision != l.rev || g.Kvs[0].Lease != int64(l.sess.id)) {
+					// Gone, or no longer ours: step down, and take back a
+					// key of this term that now outlives our session.
+					e.log.Warn("coord: leader key gone or no longer ours, leadership lost", "token", l.rev)
+					e.dropKey(l)
 					return
 				}
 				if err == nil {
 					rev = g.Header.Revision
 				}
 				e.log.Debug("coord: leader watch broke, watching on", "token", l.rev, "rev", rev, "err", wr.Err())
-				wch = e.cli.Watch(clientv3.WithRequireLeader(l.ctx), l.key, clientv3.WithRev(rev+1), clientv3.WithFilterPut())
+				wch = e.cli.Watch(clientv3.WithRequireLeader(l.ctx), l.key, clientv3.WithRev(rev+1))
 			}
 		}
 	}
+}
+
+// dropKey deletes the key of leadership l if it is still that of l: written
+// off our session's lease, it would outlive the session, and no candidate
+// could ever win again. Failure is only logged.
+func (e *Election) dropKey(l *leadership) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(l.ctx), l.sess.ttl)
+	defer cancel()
+	_, err := e.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.rev)).
+		Then(clientv3.OpDelete(l.key)).Commit()
+	e.log.Debug("coord: leader key taken back", "token", l.rev, "err", err)
 }
 
 // Proclaim announces a new identity as leader without a new election. It

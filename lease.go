@@ -64,7 +64,10 @@ func (k *keeper) run(ctx context.Context, renewed time.Time) {
 			// Already stale: give each try a third of the TTL.
 			deadline = sent.Add(k.ttl / 3)
 		}
-		rctx, cancel := context.WithDeadline(ctx, deadline)
+		// A member cut off from its peers cannot renew: with
+		// WithRequireLeader it says so at once instead of holding the try
+		// for its whole deadline, and the next try goes to another member.
+		rctx, cancel := context.WithDeadline(clientv3.WithRequireLeader(ctx), deadline)
 		_, err := k.cli.KeepAliveOnce(rctx, k.id)
 		cancel()
 		if err == nil {
@@ -87,7 +90,10 @@ func (k *keeper) run(ctx context.Context, renewed time.Time) {
 			k.markStale()
 		}
 		k.log.Debug("coord: lease renewal failed", "lease", fmt.Sprintf("%x", int64(k.id)), "err", err)
-		wait = r.next()
+		// Several tries must fit in what is left of the TTL: a try that
+		// fails fast (a member without leader) is worth repeating soon,
+		// on another member.
+		wait = min(r.next(), k.ttl/10)
 	}
 }
 
@@ -106,14 +112,17 @@ func (k *keeper) end(err error) {
 // revoke revokes a lease, within ttl at most. A lease that is already gone
 // is not an error; on a closed client it fails at once.
 func revoke(ctx context.Context, cli *clientv3.Client, id clientv3.LeaseID, ttl time.Duration) error {
+	// A closed client sends nothing more: as after a crash, the lease is
+	// left to expire. (The client's connection outlives its Close by a
+	// moment; a revoke sent then would still land.)
+	if cli.Ctx().Err() != nil {
+		return ErrClientClosed
+	}
 	ctx, cancel := clientCtx(ctx, cli)
 	defer cancel()
 	ctx, cancelT := context.WithTimeout(ctx, ttl)
 	defer cancelT()
 	_, err := cli.Revoke(ctx, id)
-	if cli.Ctx().Err() != nil {
-		return ErrClientClosed
-	}
 	if err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		return nil
 	}

@@ -96,6 +96,9 @@ func RegisterHostLiveness(ctx context.Context, cli *clientv3.Client, meta HostMe
 // it when takeover is set, and returns ErrHostExists otherwise.
 func (h *HostLiveness) register(ctx context.Context, wait, takeover bool) (registration, error) {
 	var waited clientv3.LeaseID
+	// A member without leader fails the calls at once: a heal retries on
+	// another member rather than waiting out its attempt.
+	ctx = clientv3.WithRequireLeader(ctx)
 	for {
 		h.mu.Lock()
 		meta := h.meta

@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Defaults, in one place. Every options struct's zero value takes these.
@@ -142,10 +143,12 @@ func prefixOrDefault(prefix string) (string, error) {
 	return prefix, nil
 }
 
-// checkHostUUID checks that id can name a key under a prefix.
+// checkHostUUID checks that id can name a key under a prefix, and be
+// carried by the JSON of HostMetadata: JSON strings are UTF-8, so a
+// HostUUID that is not would come back altered, and name another key.
 func checkHostUUID(id string) error {
-	if id == "" || strings.Contains(id, "/") {
-		return fmt.Errorf("%w: %q (want non-empty, without \"/\")", ErrInvalidHostUUID, id)
+	if id == "" || strings.Contains(id, "/") || !utf8.ValidString(id) {
+		return fmt.Errorf("%w: %q (want non-empty UTF-8, without \"/\")", ErrInvalidHostUUID, id)
 	}
 	return nil
 }

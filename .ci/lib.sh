@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared helpers of the CI scripts (sourced, not run). Plain bash + awk:
 # nothing to install on a fresh Debian machine.
 
@@ -18,9 +19,22 @@ below_gate() {
 }
 
 # count_tests ACTION LOG: how many tests, subtests and examples of a
-# `go test -json` log ended with ACTION (pass, fail or skip).
+# `go test -json` log ended with ACTION (pass or skip); for fail, also
+# those that never ended (their binary crashed or timed out).
 count_tests() {
-	grep -c "\"Action\":\"$1\",\"Package\":\"[^\"]*\",\"Test\":" "$2" || true
+	awk -v want="$1" '
+		match($0, /"Action":"[a-z]+","Package":"[^"]*","Test":"([^"\\]|\\.)*"/) {
+			s = substr($0, RSTART, RLENGTH)
+			action = s; sub(/^"Action":"/, "", action); sub(/".*/, "", action)
+			key = s; sub(/^"Action":"[a-z]+",/, "", key)
+			if (action == "run") open[key] = 1
+			else if (action == "pass" || action == "fail" || action == "skip") {
+				delete open[key]
+				if (action == want) n++
+			}
+		}
+		END { if (want == "fail") for (k in open) n++; print n + 0 }
+	' "$2"
 }
 
 # json_text [LOG]: turns a `go test -json` stream (file or stdin) back into
@@ -129,7 +143,7 @@ print_table() {
 		if [ -s "$f" ]; then
 			IFS=$'\t' read -r target passed failed pct secs status < "$f"
 		else
-			target=$(basename "$f" .row) passed=? failed=? pct=- secs=0 status=FAIL
+			target=$(basename "$f" .row) passed='?' failed='?' pct=- secs=0 status=FAIL
 		fi
 		cov=$pct; [ "$pct" = - ] || cov="$pct%"
 		printf '%-16s %7s %7s %9s %8s  %s\n' "$target" "$passed" "$failed" "$cov" "$(fmt_secs "$secs")" "$status"

@@ -463,7 +463,7 @@ func TestFaultInterference(t *testing.T) {
 	overwrite := func(value string, foreign bool) func(t *testing.T, x *target) {
 		return func(t *testing.T, x *target) {
 			if foreign {
-				g, err := cli.Grant(testCtx(t), 10)
+				g, err := cli.Grant(testCtx(t), 300) // revoked at cleanup
 				if err != nil {
 					t.Fatal(err)
 				}

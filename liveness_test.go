@@ -451,7 +451,7 @@ func TestHostLivenessOwnership(t *testing.T) {
 		// a foreign lease: once back, it sees the delete first, and its
 		// heal finds the key held.
 		p.Blackhole()
-		g, err := cli.Grant(ctx, 10)
+		g, err := cli.Grant(ctx, 300) // outlives the test, even emulated
 		if err != nil {
 			t.Fatal(err)
 		}

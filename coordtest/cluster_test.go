@@ -285,7 +285,7 @@ func TestClusterIsolate(t *testing.T) {
 			t.Logf("healed member served a linearizable Get %v after Heal", time.Since(start))
 			// And a new require-leader watch on it works.
 			wch = pc.Watch(wctx, "w", clientv3.WithRev(put.Header.Revision))
-			if _, err := c.Client().Put(ctx, "w", "x"); err != nil {
+			if _, err := putEventually(ctx, c.Client(), "w", "x"); err != nil {
 				t.Fatalf("Put: %v", err)
 			}
 			if wr := <-wch; wr.Err() != nil || len(wr.Events) != 1 {

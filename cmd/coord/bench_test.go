@@ -30,7 +30,7 @@ func TestBenchPrintsEveryRow(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs every scenario on an embedded etcd")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute*scale)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
 	if err := benchRun(ctx, benchTiny, &stdout, &stderr); err != nil {

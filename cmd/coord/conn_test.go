@@ -29,15 +29,15 @@ import (
 
 func TestUnreachableEndpoint(t *testing.T) {
 	t.Parallel()
-	// Nothing listens on a port just released; a listener that accepts
-	// and never answers is what a hung etcd or a blackholing firewall
-	// looks like.
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	// Nothing listens on port 1: a port just released could be taken
+	// again by a test running in parallel (ports picked with :0 come from
+	// the ephemeral range, far above). A listener that accepts and never
+	// answers is what a hung etcd or a blackholing firewall looks like.
+	const closed = "127.0.0.1:1"
+	if c, err := net.DialTimeout("tcp", closed, time.Second); err == nil {
+		c.Close()
+		t.Fatalf("something listens on %s", closed)
 	}
-	closed := l.Addr().String()
-	l.Close()
 	silent := newSilentListener(t)
 
 	const dialTimeout = 500 * time.Millisecond
@@ -58,7 +58,7 @@ func TestUnreachableEndpoint(t *testing.T) {
 					t.Errorf("stderr %q does not name the endpoint %s", r.stderr, tc.endpoint)
 				}
 				// The dial timeout, plus room for a loaded machine.
-				if r.took > dialTimeout+1500*time.Millisecond {
+				if r.took > dialTimeout+1500*time.Millisecond*scale {
 					t.Errorf("took %v with --dial-timeout %v", r.took, dialTimeout)
 				}
 			})
@@ -305,10 +305,13 @@ func TestTLS(t *testing.T) {
 			{[]string{"--endpoints", ep, "--cacert", certs.ca}, "etcd at"},
 			{[]string{"--endpoints", strings.TrimPrefix(ep, "https://")}, "etcd at"}, // plaintext to a TLS port
 		} {
-			args := append(tc.args, "--dial-timeout", "1s", "hosts")
+			// The handshake must fit in the dial timeout for the error to
+			// say why: scaled for slow (emulated) CPUs.
+			dial := time.Second * scale
+			args := append(tc.args, "--dial-timeout", dial.String(), "hosts")
 			r := runCoord(t, args...)
 			t.Logf("coord %s: %s", strings.Join(args, " "), r.stderr)
-			if r.code != exitError || !strings.Contains(r.stderr, tc.want) || r.took > 3*time.Second {
+			if r.code != exitError || !strings.Contains(r.stderr, tc.want) || r.took > 3*dial {
 				t.Errorf("coord %s: status %d after %v, stderr %q, want %q", strings.Join(args, " "), r.code, r.took, r.stderr, tc.want)
 			}
 		}
@@ -329,7 +332,7 @@ func TestTLS(t *testing.T) {
 		} {
 			args = append(append([]string{"--endpoints", ep}, args...), "hosts")
 			r := runCoord(t, args...)
-			if r.code != exitError || r.took > time.Second {
+			if r.code != exitError || r.took > time.Second*scale {
 				t.Errorf("coord %s: status %d after %v, stderr %q", strings.Join(args, " "), r.code, r.took, r.stderr)
 			}
 		}

@@ -56,6 +56,7 @@ type demoAgent struct {
 type demoOutcome struct {
 	agent *demoAgent
 	err   error
+	at    time.Time // when Campaign returned
 }
 
 type demo struct {
@@ -183,8 +184,13 @@ func (d *demo) script(ctx context.Context) error {
 			if r.agent != n2 {
 				return fmt.Errorf("%s leads, %s was next in line", r.agent.name, n2.name)
 			}
+			ms := d.sinceAt(n1, r.at)
+			if ms < 0 {
+				// n1 stepped down by itself before the crash: its
+				// renewals were late (a machine too slow for the TTL).
+				return fmt.Errorf("%s led before %s crashed: %s lost its leadership early", n2.name, n1.name, n1.name)
+			}
 			led = true
-			ms := d.since(n1)
 			d.log.printf(n2.name, "leads %s (fencing token %d > %d): %d ms after %s crashed", demoElection, n2.elect.Token(), leaderToken, ms, n1.name)
 			d.result(n1.name+" (leader) crash -> "+n2.name+" leads", ms)
 		case <-ctx.Done():
@@ -303,7 +309,8 @@ func (d *demo) campaign(ctx context.Context, a *demoAgent) {
 	d.wg.Add(1)
 	go func() {
 		defer d.wg.Done()
-		d.leads <- demoOutcome{a, a.elect.Campaign(ctx, "")}
+		err := a.elect.Campaign(ctx, "")
+		d.leads <- demoOutcome{a, err, time.Now()}
 	}()
 }
 
@@ -349,13 +356,19 @@ func (d *demo) mark(a *demoAgent, how string) {
 // since returns the milliseconds since a crashed or stopped, -1 if it has
 // not.
 func (d *demo) since(a *demoAgent) int64 {
+	return d.sinceAt(a, time.Now())
+}
+
+// sinceAt returns the milliseconds from a's crash or stop to t: negative
+// if t came before it, -1 if a has not gone.
+func (d *demo) sinceAt(a *demoAgent, t time.Time) int64 {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	m, ok := d.marks[a]
 	if !ok {
 		return -1
 	}
-	return time.Since(m.at).Milliseconds()
+	return t.Sub(m.at).Milliseconds()
 }
 
 // demoResult is a measured delay.

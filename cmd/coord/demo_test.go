@@ -16,7 +16,7 @@ func TestDemo(t *testing.T) {
 		if r.code != exitOK || r.stderr != "" {
 			t.Fatalf("status %d, stderr %q", r.code, r.stderr)
 		}
-		if r.took > 20*time.Second {
+		if r.took > 20*time.Second*scale {
 			t.Errorf("took %v", r.took)
 		}
 		stamp := regexp.MustCompile(`^\d\d:\d\d:\d\d\.\d{3}  `)
@@ -46,11 +46,12 @@ func TestDemo(t *testing.T) {
 				delays[m[1]], _ = strconv.Atoi(m[2])
 			}
 		}
+		slow := int(scale) // upper bounds stretch on slow machines
 		for what, bounds := range map[string][2]int{
-			"node-4 crash -> Down seen by the watcher":          {1000, 10000},
-			"node-1 (leader) crash -> Down seen by the watcher": {1000, 10000},
-			"node-1 (leader) crash -> node-2 leads":             {1000, 10000},
-			"node-3 Stop -> Down seen by the watcher":           {0, 1000},
+			"node-4 crash -> Down seen by the watcher":          {1000, 10000 * slow},
+			"node-1 (leader) crash -> Down seen by the watcher": {1000, 10000 * slow},
+			"node-1 (leader) crash -> node-2 leads":             {1000, 10000 * slow},
+			"node-3 Stop -> Down seen by the watcher":           {0, 1000 * slow},
 		} {
 			ms, ok := delays[what]
 			if !ok || ms < bounds[0] || ms > bounds[1] {
@@ -66,7 +67,7 @@ func TestDemo(t *testing.T) {
 		if r.code != exitError || !strings.Contains(r.stderr, "demo interrupted") {
 			t.Fatalf("status %d, stderr %q", r.code, r.stderr)
 		}
-		if r.took > 10*time.Second {
+		if r.took > 10*time.Second*scale {
 			t.Errorf("took %v", r.took)
 		}
 	})

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -15,8 +17,19 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
+// scale stretches every deadline and time bound of the tests for slow
+// machines (emulated CPUs), as in package coord's tests:
+// COORD_TEST_SCALE=10 allows ten times longer.
+var scale = func() time.Duration {
+	n, err := strconv.Atoi(os.Getenv("COORD_TEST_SCALE"))
+	if err != nil || n < 1 {
+		return 1
+	}
+	return time.Duration(n)
+}()
+
 // waitLimit bounds every wait of the tests: generous, for slow machines.
-const waitLimit = 20 * time.Second
+var waitLimit = 20 * time.Second * scale
 
 // syncBuffer is a bytes.Buffer written by a running command and read by
 // its test.
@@ -194,7 +207,7 @@ func TestUsage(t *testing.T) {
 			if r.code != exitUsage || !strings.Contains(r.stderr, tc.want) || !strings.Contains(r.stderr, "for usage") {
 				t.Errorf("coord %s: status %d, want %d; stderr %q, want it to say %q", strings.Join(tc.args, " "), r.code, exitUsage, r.stderr, tc.want)
 			}
-			if r.took > time.Second {
+			if r.took > time.Second*scale {
 				t.Errorf("coord %s: took %v", strings.Join(tc.args, " "), r.took)
 			}
 		}

@@ -308,11 +308,12 @@ func benchWatchCoord(ctx context.Context, cli *clientv3.Client, prefix string, l
 
 // benchPlainWatch is what a user writes without coord: Get the prefix, decode
 // each host into a map, Watch from the next revision and keep the map up
-// to date, calling on for each change once it is applied. stop ends it.
-func benchPlainWatch(ctx context.Context, cli *clientv3.Client, prefix string, on func(kind coord.HostEventKind, id string, rev int64, at time.Time)) (stop func(), err error) {
+// to date, calling on for each change once it is applied. It returns how
+// many keys the Get listed; stop ends the watch.
+func benchPlainWatch(ctx context.Context, cli *clientv3.Client, prefix string, on func(kind coord.HostEventKind, id string, rev int64, at time.Time)) (listed int, stop func(), err error) {
 	resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix())
 	if err != nil {
-		return nil, err
+		return 0, nil, err
 	}
 	hosts := make(map[string]coord.HostMetadata, len(resp.Kvs))
 	for _, kv := range resp.Kvs {
@@ -347,7 +348,7 @@ func benchPlainWatch(ctx context.Context, cli *clientv3.Client, prefix string, o
 			}
 		}
 	}()
-	return func() { cancel(); <-done }, nil
+	return len(resp.Kvs), func() { cancel(); <-done }, nil
 }
 
 // benchGrantedTTL asks etcd for a lease of ttl and returns the TTL it grants

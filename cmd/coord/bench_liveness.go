@@ -160,9 +160,10 @@ func benchStartWatch(ctx context.Context, env *benchEnv, side, prefix string, lo
 	if side == "coord" {
 		return benchWatchCoord(ctx, env.cli, prefix, log)
 	}
-	return benchPlainWatch(ctx, env.cli, prefix, func(kind coord.HostEventKind, id string, _ int64, at time.Time) {
+	_, stop, err := benchPlainWatch(ctx, env.cli, prefix, func(kind coord.HostEventKind, id string, _ int64, at time.Time) {
 		log.add(kind, id, at)
 	})
+	return stop, err
 }
 
 // benchStopDown measures scenario 2: a host stops gracefully and the

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"runtime"
@@ -124,46 +123,22 @@ func benchScaleCoord(ctx context.Context, cli *clientv3.Client, prefix string, n
 	return d, heap, nil
 }
 
-// benchScalePlain is what a user writes without coord: Get, decode every host
-// into a map, Watch from the next revision (a goroutine keeps the map up to
-// date). It returns the time until the watch is started and the heap per
-// host then.
+// benchScalePlain is what a user writes without coord (benchPlainWatch):
+// Get, decode every host into a map, Watch from the next revision (a
+// goroutine keeps the map up to date). It returns the time until the watch
+// is started and the heap per host then.
 func benchScalePlain(ctx context.Context, cli *clientv3.Client, prefix string, n int) (time.Duration, float64, error) {
 	h0 := benchHeapNow()
 	t0 := time.Now()
-	resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix())
+	listed, stop, err := benchPlainWatch(ctx, cli, prefix, func(coord.HostEventKind, string, int64, time.Time) {})
 	if err != nil {
 		return 0, 0, err
 	}
-	hosts := make(map[string]coord.HostMetadata, len(resp.Kvs))
-	for _, kv := range resp.Kvs {
-		var m coord.HostMetadata
-		if json.Unmarshal(kv.Value, &m) == nil {
-			hosts[m.HostUUID] = m
-		}
-	}
-	wctx, cancel := context.WithCancel(ctx)
-	wch := cli.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for wr := range wch {
-			for _, ev := range wr.Events {
-				var m coord.HostMetadata
-				if ev.Type == clientv3.EventTypeDelete {
-					delete(hosts, string(ev.Kv.Key[len(prefix):]))
-				} else if json.Unmarshal(ev.Kv.Value, &m) == nil {
-					hosts[m.HostUUID] = m
-				}
-			}
-		}
-	}()
-	defer func() { cancel(); <-done }()
+	defer stop()
 	d := time.Since(t0)
-	if len(resp.Kvs) != n {
-		return 0, 0, fmt.Errorf("bench: listed %d hosts, want %d", len(resp.Kvs), n)
+	if listed != n {
+		return 0, 0, fmt.Errorf("bench: listed %d hosts, want %d", listed, n)
 	}
-	resp = nil
 	heap := float64(benchHeapNow()-h0) / float64(n)
 	return d, heap, nil
 }
@@ -219,7 +194,7 @@ func benchChurn(ctx context.Context, env *benchEnv, cfg benchConfig) ([]benchRow
 	case <-done:
 		return nil, fmt.Errorf("coord: watcher ended: %v", w.Err())
 	}
-	stop, err := benchPlainWatch(ctx, clis[2], prefix, func(_ coord.HostEventKind, _ string, rev int64, at time.Time) {
+	_, stop, err := benchPlainWatch(ctx, clis[2], prefix, func(_ coord.HostEventKind, _ string, rev int64, at time.Time) {
 		deliver(1, rev, at)
 	})
 	if err != nil {

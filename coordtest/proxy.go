@@ -1,6 +1,7 @@
 package coordtest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net"
@@ -21,9 +22,12 @@ const (
 	// it has closed its listener and connections; see Proxy.close.
 	proxyCloseTimeout = 10 * time.Second
 	// proxyBufferSize is the size of the buffer of each direction of a
-	// connection: what a direction reads at once, and so what it holds while
-	// paused.
+	// connection: what a direction reads at once.
 	proxyBufferSize = 32 << 10
+	// proxyQueueLen is how many chunks read by a direction of a connection
+	// wait at most for their delivery (delayed or paused); once it is full
+	// the direction reads no more until one is delivered.
+	proxyQueueLen = 64
 )
 
 // Proxy is a TCP proxy in front of a Server (or of a Cluster Member),
@@ -66,7 +70,11 @@ type Proxy struct {
 	blackholed bool
 	// resume is non-nil between Pause and Unpause, which closes it.
 	resume chan struct{}
-	conns  map[*proxyConn]struct{} // the open connections
+	// delay is the latency set by Delay; delayed is closed and replaced
+	// when it changes.
+	delay   time.Duration
+	delayed chan struct{}
+	conns   map[*proxyConn]struct{} // the open connections
 }
 
 // proxyConn is one connection through a Proxy: the accepted one from the
@@ -117,6 +125,7 @@ func newProxy(t testing.TB, target url.URL, owner proxyOwner) *Proxy {
 		dialCtx:   dialCtx,
 		stopDials: stopDials,
 		conns:     make(map[*proxyConn]struct{}),
+		delayed:   make(chan struct{}),
 	}
 	p.running.Add(1)
 	go p.acceptLoop()
@@ -209,6 +218,20 @@ func (p *Proxy) Unpause() {
 	}
 }
 
+// Delay makes the link slow, as a congested or distant network is: from the
+// call on, every chunk of bytes the proxy reads, in either direction, is
+// delivered d after it was read (a connection's close likewise), in order,
+// and connections stay usable. It applies as well to the chunks read and not
+// yet delivered. Delay(0) removes it: what it holds is delivered at once.
+// Pause and Blackhole apply to a chunk once its delay is over.
+func (p *Proxy) Delay(d time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.delay = max(d, 0)
+	close(p.delayed)
+	p.delayed = make(chan struct{})
+}
+
 func (p *Proxy) register(c *clientCloser) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -298,26 +321,51 @@ func (p *Proxy) serve(c *proxyConn) {
 	p.pipe(c, c.client, server, true)
 }
 
+// chunk is what a direction of a connection read at once: bytes, or the
+// end of its source (err).
+type chunk struct {
+	b    []byte
+	err  error
+	read time.Time
+}
+
 // pipe copies the bytes read from src to dst (nil if there is no server
-// connection) until src fails or c is closed. It holds them while the proxy
-// is paused and drops them once c is cut. When src ends, pipe closes c
-// (after holding the end while paused), unless c is cut and src is the
-// server's side: a partition lets no close through to the client. (A client
-// that has given up on a cut connection has nothing left to observe of it;
-// closing the server's side as well spares the server, if it is stopped
-// meanwhile, a graceful shutdown waiting for that connection.)
+// connection) until src fails or c is closed: each chunk once its delay is
+// over (see Delay). It holds them while the proxy is paused and drops them
+// once c is cut. When src ends, pipe closes c (after holding the end while
+// paused), unless c is cut and src is the server's side: a partition lets no
+// close through to the client. (A client that has given up on a cut
+// connection has nothing left to observe of it; closing the server's side as
+// well spares the server, if it is stopped meanwhile, a graceful shutdown
+// waiting for that connection.)
 func (p *Proxy) pipe(c *proxyConn, src, dst net.Conn, fromClient bool) {
-	buf := make([]byte, proxyBufferSize)
+	// A reader of its own, so that src is read while earlier chunks wait
+	// out their delay: each chunk is late by the delay, not by the sum of
+	// those before it.
+	q := make(chan chunk, proxyQueueLen)
+	p.running.Add(1)
+	go func() {
+		defer p.running.Done()
+		p.read(c, src, q)
+	}()
 	for {
-		n, err := src.Read(buf)
+		var ch chunk
+		select {
+		case ch = <-q:
+		case <-c.done:
+			return
+		}
+		if !p.wait(c, ch.read) {
+			return
+		}
 		forward, open := p.gate(c)
 		if !open {
 			return
 		}
 		// Whether the side that failed, if any, is the client's.
-		clientFailed := fromClient
-		if n > 0 && forward && dst != nil {
-			if _, werr := dst.Write(buf[:n]); werr != nil {
+		err, clientFailed := ch.err, fromClient
+		if len(ch.b) > 0 && forward && dst != nil {
+			if _, werr := dst.Write(ch.b); werr != nil {
 				err, clientFailed = werr, !fromClient
 			}
 		}
@@ -329,6 +377,49 @@ func (p *Proxy) pipe(c *proxyConn, src, dst net.Conn, fromClient bool) {
 			p.mu.Unlock()
 			return
 		}
+	}
+}
+
+// read reads src into q, each chunk stamped with the time it was read,
+// until src fails (the failure is queued last) or c is closed.
+func (p *Proxy) read(c *proxyConn, src net.Conn, q chan<- chunk) {
+	buf := make([]byte, proxyBufferSize)
+	for {
+		n, err := src.Read(buf)
+		ch := chunk{err: err, read: time.Now()}
+		if n > 0 {
+			ch.b = bytes.Clone(buf[:n])
+		}
+		select {
+		case q <- ch:
+		case <-c.done:
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// wait waits until the delay of a chunk read at read is over, reporting
+// false if c is closed first.
+func (p *Proxy) wait(c *proxyConn, read time.Time) bool {
+	for {
+		p.mu.Lock()
+		left, changed := time.Until(read.Add(p.delay)), p.delayed
+		p.mu.Unlock()
+		if left <= 0 {
+			return true
+		}
+		timer := time.NewTimer(left)
+		select {
+		case <-timer.C:
+		case <-changed:
+		case <-c.done:
+			timer.Stop()
+			return false
+		}
+		timer.Stop()
 	}
 }
 

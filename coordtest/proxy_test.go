@@ -260,6 +260,54 @@ func TestProxyTCPPause(t *testing.T) {
 	expectClosed(t, a, "connection closed by the server, after Unpause", bound(5*time.Second))
 }
 
+func TestProxyTCPDelay(t *testing.T) {
+	e := newEchoServer(t)
+	p := newEchoProxy(t, e)
+	a := dialProxy(t, p)
+	send(t, a, "hello")
+	expectRead(t, a, "hello", bound(5*time.Second))
+
+	d := bound(200 * time.Millisecond)
+	p.Delay(d)
+	// There and back: the delay twice.
+	start := time.Now()
+	send(t, a, "slow")
+	expectRead(t, a, "slow", 2*d+bound(5*time.Second))
+	if took := time.Since(start); took < 2*d {
+		t.Fatalf("echo through a proxy delayed by %v took %v, want at least %v", d, took, 2*d)
+	}
+	// Chunks sent in a row come in order, each late by the delay and not
+	// by the sum of the delays of those before it.
+	start = time.Now()
+	b := dialProxy(t, p)
+	for _, s := range []string{"one ", "two ", "three"} {
+		send(t, a, s)
+		send(t, b, s)
+	}
+	expectRead(t, a, "one two three", 2*d+bound(5*time.Second))
+	expectRead(t, b, "one two three", 2*d+bound(5*time.Second))
+	took := time.Since(start)
+	t.Logf("three chunks on two connections echoed in %v through a delay of %v", took, d)
+	if took < 2*d || took >= 4*d {
+		t.Fatalf("three chunks echoed in %v, want between %v and %v", took, 2*d, 4*d)
+	}
+
+	p.Delay(0)
+	start = time.Now()
+	send(t, a, "fast")
+	expectRead(t, a, "fast", d)
+	t.Logf("echo %v after Delay(0)", time.Since(start))
+
+	// A close by the server travels with the delay too.
+	p.Delay(d)
+	start = time.Now()
+	e.closeConns()
+	took = expectClosed(t, a, "connection closed by the server through a delay", d+bound(5*time.Second))
+	if took < d {
+		t.Fatalf("close by the server seen %v after it, through a delay of %v", took, d)
+	}
+}
+
 func TestProxyTCPServerDown(t *testing.T) {
 	e := newEchoServer(t)
 	p := newEchoProxy(t, e)
@@ -308,6 +356,20 @@ func proxyGoroutines() []string {
 	return ours
 }
 
+// proxyGoroutinesLeft returns the stacks of the goroutines of the Proxy
+// still there a moment after its close: one that has just signalled its end
+// to the close may not have returned yet (goleak gives them the same time).
+func proxyGoroutinesLeft() []string {
+	deadline := time.Now().Add(bound(time.Second))
+	for {
+		g := proxyGoroutines()
+		if len(g) == 0 || time.Now().After(deadline) {
+			return g
+		}
+		runtime.Gosched()
+	}
+}
+
 func TestProxyCloseLeavesNothing(t *testing.T) {
 	e := newEchoServer(t)
 	ignore := goleak.IgnoreCurrent()
@@ -320,7 +382,12 @@ func TestProxyCloseLeavesNothing(t *testing.T) {
 		normal := dialProxy(t, p)
 		send(t, normal, "x")
 		expectRead(t, normal, "x", bound(5*time.Second))
-		// Left open with bytes held, or dropped: the close must end it all.
+		// Left open with bytes delayed, held, or dropped: the close must
+		// end it all.
+		p.Delay(time.Hour)
+		delayed := dialProxy(t, p)
+		send(t, delayed, "late")
+		send(t, normal, "late")
 		p.Pause()
 		held := dialProxy(t, p)
 		send(t, held, "held")
@@ -331,10 +398,10 @@ func TestProxyCloseLeavesNothing(t *testing.T) {
 		// Closing it before its cleanup does as well; the cleanup then
 		// does nothing.
 		p.close()
-		if g := proxyGoroutines(); len(g) != 0 {
+		if g := proxyGoroutinesLeft(); len(g) != 0 {
 			t.Fatalf("goroutines of the proxy left after its close:\n%s", strings.Join(g, "\n\n"))
 		}
-		for _, c := range []net.Conn{normal, held, dropped} {
+		for _, c := range []net.Conn{normal, delayed, held, dropped} {
 			expectClosed(t, c, "connection open at the proxy's close", bound(time.Second))
 		}
 		if c, err := net.Dial("tcp", strings.TrimPrefix(p.Endpoint(), "http://")); err == nil {
@@ -518,6 +585,41 @@ func TestProxyPauseKeepsWatch(t *testing.T) {
 	// On the same connection: the client did not have to reconnect.
 	if n := p.accepted.Load() - accepted; n != 0 {
 		t.Errorf("%d connections made through the proxy across a pause, want 0", n)
+	}
+}
+
+func TestProxyDelayGet(t *testing.T) {
+	ctx := testCtx(t)
+	s := NewServer(t)
+	p := s.NewProxy(t)
+	pc := p.NewClient(t)
+	if _, err := pc.Put(ctx, "k", "v"); err != nil {
+		t.Fatalf("Put: %v", err)
+	}
+	d := bound(200 * time.Millisecond)
+	p.Delay(d)
+	for i := range 3 {
+		start := time.Now()
+		got, err := getValue(ctx, pc, "k")
+		took := time.Since(start)
+		if err != nil || got != "v" {
+			t.Fatalf("Get through a delayed proxy = %q, %v; want v", got, err)
+		}
+		t.Logf("Get %d answered %v through a delay of %v", i+1, took, d)
+		// The request and its answer are each delayed.
+		if took < 2*d {
+			t.Fatalf("Get answered %v through a delay of %v, want at least %v", took, d, 2*d)
+		}
+	}
+	p.Delay(0)
+	start := time.Now()
+	if _, err := pc.Put(ctx, "k", "w"); err != nil {
+		t.Fatalf("Put: %v", err)
+	}
+	took := time.Since(start)
+	t.Logf("Put answered %v after Delay(0)", took)
+	if took >= d {
+		t.Fatalf("Put answered %v after Delay(0), want less than %v", took, d)
 	}
 }
 

@@ -1,6 +1,9 @@
 // Package coord gives a fleet of agents the primitives to coordinate
 // high-availability work across hosts, on etcd v3: host liveness, a watcher
-// of the live hosts, and per-key leader election.
+// of the live hosts, per-key leader election (an Election, or many sharing
+// their sessions in an ElectionPool), and a ShardSet, which spreads work
+// split into named shards over the live hosts, each shard owned by one host
+// at a time and handed over without overlap.
 //
 // The caller owns the *clientv3.Client: coord never dials, never closes it
 // and opens no connection of its own. Closing the client ends everything
@@ -18,6 +21,12 @@
 // "etcdctl elect K" take part in the same elections. Election keys must not be
 // nested in one another (K and K/x), as in etcd's own package.
 //
+// A ShardSet's shard is such an election at <prefix><name> (prefix
+// ShardsPrefix, "/coord/shards/", by default): its candidates are
+// /coord/shards/<name>/<lease id in hex>, each holding its host's HostUUID,
+// and its owner is the candidate with the lowest create revision. Every host
+// registered under the ShardSet's HostPrefix is ranked for the shards.
+//
 // # Guarantees
 //
 //   - A registered host's key exists while its process renews the lease; when
@@ -32,10 +41,17 @@
 //     across compactions, broken watches, etcd restarts and partitions (after
 //     which only the differences are emitted, as synthetic events).
 //   - At most one candidate of an election believes it leads at a time,
-//     provided clocks run at the same rate: a leader cut off from etcd steps
-//     down once its renewals have gone unanswered for two thirds of the TTL,
-//     before etcd can expire its lease. Fencing tokens of successive leaders
-//     strictly increase; Guard turns that into a Txn condition.
+//     provided clocks run at the same rate: a leader steps down (Done
+//     closes, IsLeader and Token turn false and 0) once two thirds of the TTL
+//     have passed since the send of the last renewal etcd answered, before
+//     etcd can expire its lease, however the link fails (silent, failing fast
+//     then silent, slow answers) and even if the process was paused: IsLeader
+//     is judged at the call on the monotonic clock. Fencing tokens of
+//     successive leaders strictly increase; Guard turns that into a Txn
+//     condition.
+//   - Every call given a ctx returns within it; cleanup that must outlive it
+//     (withdrawing a candidate key, revoking a lease) goes on in the
+//     background, bounded by the TTL.
 //
 // # Not guaranteed
 //
@@ -77,7 +93,7 @@ func decodeHost(prefix string, key, value []byte) (HostMetadata, error) {
 		return m, err
 	}
 	if err := json.Unmarshal(value, &m); err != nil {
-		return m, fmt.Errorf("coord: decode host %q: %w", id, err)
+		return m, opErr(fmt.Sprintf("decode host %q", id), err)
 	}
 	if m.HostUUID != id {
 		return m, fmt.Errorf("coord: decode host %q: value names host %q", id, m.HostUUID)

@@ -15,9 +15,9 @@ import (
 
 // Election is a leader election on one key, compatible with etcd's
 // concurrency package. It holds a session (a lease) renewed in the
-// background and replaced when it ends. It is safe for concurrent use;
-// Campaign, TryCampaign, Proclaim and Resign run one at a time. Once the
-// caller's client is closed, leadership ends and they fail with
+// background and replaced when it ends. It is safe for concurrent use:
+// Campaigns run one at a time, and nothing else waits for a pending one.
+// Once the caller's client is closed, leadership ends and calls fail with
 // ErrClientClosed.
 type Election struct {
 	cli      *clientv3.Client
@@ -27,27 +27,34 @@ type Election struct {
 	identity string
 	log      *slog.Logger
 	signal   func(Signal)
-	pooled   bool
+	pool     *ElectionPool // the pool whose sessions it shares; nil if it has its own
+	slot     *poolSession  // its place on a shared session; guarded by pool.mu
 
-	ctx    context.Context // ended by Close
-	cancel context.CancelFunc
-	turn   chan struct{} // one-slot semaphore: one campaign operation at a time
+	ctx    context.Context // ended by Close, with cause ErrClosed
+	cancel context.CancelCauseFunc
+	turn   chan struct{} // one-slot semaphore: one campaign at a time
 	wg     sync.WaitGroup
 	once   sync.Once
 
-	mu   sync.Mutex
-	sess *session
-	lead *leadership // the latest leadership; over once its ctx is done
+	mu      sync.Mutex
+	sess    *session
+	lead    *leadership             // the latest leadership; over once its ctx is done
+	pending context.CancelCauseFunc // ends the campaign under way, if any
+	// unsettled is closed once the put of a candidacy given up is settled.
+	unsettled <-chan struct{}
 }
 
-// leadership is one term as leader.
+// leadership is one term as leader. Its ctx's cause says why it ended.
 type leadership struct {
 	key    string
 	rev    int64    // create revision of key: the fencing token
 	sess   *session // the session whose lease the key is attached to
 	ctx    context.Context
-	cancel context.CancelFunc
+	cancel context.CancelCauseFunc
 }
+
+// errKeyDeleted is why a leadership whose key was deleted ended.
+var errKeyDeleted = errors.New("leader key deleted")
 
 // NewElection joins the election on opts.Key with a new session. ctx bounds
 // the session's creation only; the election lives until Close.
@@ -62,24 +69,29 @@ func NewElection(ctx context.Context, cli *clientv3.Client, opts ElectionOptions
 	if err != nil {
 		return nil, err
 	}
-	ectx, cancel := context.WithCancel(context.Background())
-	e := &Election{
-		cli:      cli,
-		key:      opts.Key,
-		prefix:   opts.Key + "/",
-		ttl:      ttl,
-		identity: identityOrDefault(opts.Identity),
-		log:      logger(opts.Logger).With("key", opts.Key),
-		signal:   opts.OnSignal,
-		ctx:      ectx,
-		cancel:   cancel,
-		turn:     make(chan struct{}, 1),
-	}
+	e := newElection(cli, opts.Key, ttl, opts.Identity, logger(opts.Logger), opts.OnSignal)
 	if _, err := e.session(ctx); err != nil {
-		cancel()
-		return nil, err
+		e.cancel(ErrClosed)
+		return nil, opErr(fmt.Sprintf("election %q", opts.Key), err)
 	}
 	return e, nil
+}
+
+func newElection(cli *clientv3.Client, key string, ttl time.Duration, identity string, log *slog.Logger, signal func(Signal)) *Election {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	return &Election{
+		cli:       cli,
+		key:       key,
+		prefix:    key + "/",
+		ttl:       ttl,
+		identity:  identityOrDefault(identity),
+		log:       log.With("key", key),
+		signal:    signal,
+		ctx:       ctx,
+		cancel:    cancel,
+		turn:      make(chan struct{}, 1),
+		unsettled: closedChan,
+	}
 }
 
 // session returns the live session, starting a new one if it ended.
@@ -91,52 +103,19 @@ func (e *Election) session(ctx context.Context) (*session, error) {
 	if s != nil && s.ctx.Err() == nil {
 		return s, nil
 	}
-	s, err := startSession(ctx, e.ctx, e.cli, e.ttl, e.log, &e.wg)
+	var err error
+	if e.pool != nil {
+		s, err = e.pool.share(ctx, e)
+	} else {
+		s, err = startSession(ctx, e.ctx, e.cli, e.ttl, e.log, &e.wg)
+	}
 	if err != nil {
-		return nil, e.fail(ctx, "election", err)
+		return nil, err
 	}
 	e.mu.Lock()
 	e.sess = s
 	e.mu.Unlock()
 	return s, nil
-}
-
-// renew starts a new session if the current one ended. A campaign under way
-// renews it itself, so renew does not wait for one.
-func (e *Election) renew(ctx context.Context) error {
-	select {
-	case e.turn <- struct{}{}:
-	default:
-		return nil
-	}
-	defer e.release()
-	ctx, cancel := e.bind(ctx)
-	defer cancel()
-	_, err := e.session(ctx)
-	return err
-}
-
-// acquire takes the turn, or fails when ctx ends or the election is closed.
-// The context it returns ends with ctx or on Close, so that Close never
-// waits for a call stuck on an unreachable etcd; done gives the turn back.
-func (e *Election) acquire(ctx context.Context, what string) (_ context.Context, done func(), _ error) {
-	select {
-	case e.turn <- struct{}{}:
-	case <-ctx.Done():
-		return nil, nil, opErr(fmt.Sprintf("%s %q", what, e.key), ctx.Err())
-	case <-e.ctx.Done():
-		// Closed: Close holds the turn for good, so it is not ours to give.
-		return nil, nil, fmt.Errorf("coord: %s %q: %w", what, e.key, ErrClosed)
-	}
-	if e.cli.Ctx().Err() != nil {
-		// Calls on a closed client would retry for seconds before failing.
-		e.release()
-		return nil, nil, fmt.Errorf("coord: %s %q: %w", what, e.key, ErrClientClosed)
-	}
-	// Should Close start meanwhile, ctx ends with it: the call fails fast
-	// and gives the turn to Close.
-	ctx, cancel := e.bind(ctx)
-	return ctx, func() { cancel(); e.release() }, nil
 }
 
 func (e *Election) release() { <-e.turn }
@@ -149,36 +128,54 @@ func (e *Election) bind(ctx context.Context) (context.Context, context.CancelFun
 }
 
 // fail explains an error met by a call: ErrClosed if Close cut it short,
-// else what was being done, wrapping err (and the end of ctx).
+// ErrClientClosed once the client is closed, else what was being done,
+// wrapping err (and the end of ctx).
 func (e *Election) fail(ctx context.Context, what string, err error) error {
-	if e.ctx.Err() != nil {
-		return fmt.Errorf("coord: %s %q: %w", what, e.key, ErrClosed)
+	switch {
+	case e.ctx.Err() != nil:
+		err = ErrClosed
+	case e.cli.Ctx().Err() != nil:
+		err = ErrClientClosed
+	case ctx.Err() != nil && !errors.Is(err, ctx.Err()):
+		err = fmt.Errorf("%w (%w)", ctx.Err(), err)
 	}
 	return opErr(fmt.Sprintf("%s %q", what, e.key), err)
 }
 
-// current returns the leadership in force, or nil.
+// current returns the leadership in force, or nil. It is judged at the
+// call: a leadership whose lease can no longer be vouched for is over,
+// even before a timer has said so.
 func (e *Election) current() *leadership {
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.lead == nil || e.lead.ctx.Err() != nil {
+	l := e.lead
+	e.mu.Unlock()
+	if l == nil || l.ctx.Err() != nil || !l.sess.k.valid() {
 		return nil
 	}
-	return e.lead
+	return l
 }
 
 // Campaign blocks until we lead the election, proclaiming identity (or
 // ElectionOptions.Identity when ""). If we lead already it proclaims the new
-// identity and returns nil. On any error no candidate key of ours is left
-// behind; if our session ends while waiting the error wraps
-// ErrLeadershipLost; when ctx ends, errors.Is(err, ctx.Err()) holds.
+// identity and returns nil.
+//
+// It waits through etcd outages: a candidacy whose session ends (expired,
+// revoked, renewals unanswered) starts a new session and queues again, for
+// as long as ctx lasts. It returns nil only when we lead on a live session,
+// and an error only when ctx ends (errors.Is(err, ctx.Err()) holds), on
+// Resign (ErrResigned), Close (ErrClosed), a closed client
+// (ErrClientClosed), or a refusal that retrying cannot pass (permission
+// denied). It returns within ctx; on error, no candidate key of ours is
+// left behind: what etcd could not be told within ctx is withdrawn in the
+// background, bounded by the TTL.
 func (e *Election) Campaign(ctx context.Context, identity string) error {
 	_, err := e.campaign(ctx, identity, true)
 	return err
 }
 
 // TryCampaign becomes leader if nobody else leads, without waiting: it
-// returns false, and leaves no key behind, when another candidate is ahead.
+// returns false, and leaves no key behind, when another candidate is ahead,
+// and at once when a Campaign of this Election is pending.
 func (e *Election) TryCampaign(ctx context.Context, identity string) (bool, error) {
 	return e.campaign(ctx, identity, false)
 }
@@ -187,32 +184,301 @@ func (e *Election) campaign(ctx context.Context, identity string, wait bool) (bo
 	if identity == "" {
 		identity = e.identity
 	}
-	ctx, done, err := e.acquire(ctx, "campaign")
-	if err != nil {
+	if ctx.Err() != nil {
+		// Not started: nothing is written.
+		return false, e.fail(ctx, "campaign", ctx.Err())
+	}
+	if took, err := e.takeTurn(ctx, wait); !took {
 		return false, err
 	}
-	defer done()
+	defer e.release()
+	cctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	defer context.AfterFunc(e.ctx, func() { cancel(ErrClosed) })()
+	e.mu.Lock()
+	e.pending = cancel
+	e.mu.Unlock()
+	defer func() {
+		e.mu.Lock()
+		e.pending = nil
+		e.mu.Unlock()
+	}()
 	if l := e.current(); l != nil {
-		err := e.proclaim(ctx, l, identity)
+		err := e.proclaim(cctx, l, identity)
+		if err == nil {
+			return true, nil
+		}
 		if !errors.Is(err, ErrNotLeader) {
-			return err == nil, err
+			return false, e.campaignErr(ctx, cctx, err)
 		}
 	}
-	s, key, rev, err := e.candidate(ctx, identity)
+	var r retry
+	for {
+		won, err := e.try(cctx, identity, wait)
+		if err == nil {
+			return won, nil
+		}
+		if !wait || cctx.Err() != nil || fatal(cctx, e.cli, err) != nil || !sleep(cctx, r.next()) {
+			return false, e.campaignErr(ctx, cctx, err)
+		}
+		e.log.Info("coord: campaign queues again", "err", err)
+	}
+}
+
+// takeTurn takes the campaign turn. Without wait it does not wait for a
+// pending Campaign of ours: someone (us) is ahead, so it reports false, nil.
+func (e *Election) takeTurn(ctx context.Context, wait bool) (bool, error) {
+	if !wait {
+		select {
+		case e.turn <- struct{}{}:
+		default:
+			if e.ctx.Err() != nil {
+				return false, e.fail(ctx, "campaign", ErrClosed)
+			}
+			return false, nil
+		}
+	} else {
+		select {
+		case e.turn <- struct{}{}:
+		case <-ctx.Done():
+			return false, e.fail(ctx, "campaign", ctx.Err())
+		case <-e.ctx.Done():
+			// Close holds the turn for good: it is not ours to take.
+			return false, e.fail(ctx, "campaign", ErrClosed)
+		}
+	}
+	if e.ctx.Err() != nil || e.cli.Ctx().Err() != nil {
+		// Calls on a closed client would retry for seconds before failing.
+		e.release()
+		return false, e.fail(ctx, "campaign", ErrClosed)
+	}
+	return true, nil
+}
+
+// campaignErr explains why a campaign ended without leading: ctx is the
+// caller's, cctx the campaign's own (ended by Resign, Close, the client).
+func (e *Election) campaignErr(ctx, cctx context.Context, err error) error {
+	if errors.Is(context.Cause(cctx), ErrResigned) && ctx.Err() == nil && e.ctx.Err() == nil {
+		return opErr(fmt.Sprintf("campaign %q", e.key), ErrResigned)
+	}
+	return e.fail(ctx, "campaign", err)
+}
+
+// try runs one candidacy on the live session: it puts our key, waits for
+// our turn (when wait is set) and takes the lead. It returns false, nil
+// when !wait and someone is ahead. On error our key is withdrawn.
+func (e *Election) try(ctx context.Context, identity string, wait bool) (bool, error) {
+	s, err := e.session(ctx)
 	if err != nil {
 		return false, err
 	}
-	hdr, err := e.waitTurn(ctx, s, key, rev, wait)
+	key, rev, hdr, err := e.candidate(ctx, s, identity)
 	if err != nil {
-		e.withdraw(s, key, rev)
 		return false, err
 	}
-	if hdr == 0 {
-		e.withdraw(s, key, rev)
-		return false, nil
+	if hdr == 0 && wait {
+		hdr, err = e.waitTurn(ctx, s, key, rev)
 	}
-	lctx, cancel := context.WithCancel(s.ctx)
-	l := &leadership{key: key, rev: rev, sess: s, ctx: lctx, cancel: cancel}
+	if err == nil && hdr != 0 {
+		if err = e.takeLead(ctx, s, key, rev, hdr, identity); err == nil {
+			return true, nil
+		}
+	}
+	e.withdraw(ctx, s, key, rev)
+	return false, err
+}
+
+// candidate puts our candidate key, proclaiming identity, and returns it
+// with its create revision, and the revision at which we lead if no
+// candidate is ahead of it (else 0): one round trip when uncontended. A
+// key of our lease already there (left by a program sharing our lease, as
+// etcd's concurrency package allows) is taken over in the same
+// transaction.
+//
+// The put is not bound to ctx: a put given up may still land, after any
+// delete sent meanwhile. When ctx ends first, it goes on in the
+// background, bounded by the TTL, and its key is taken back once its
+// fate is known (see unput).
+func (e *Election) candidate(ctx context.Context, s *session, identity string) (key string, rev, hdr int64, _ error) {
+	key = e.prefix + hexID(s.id)
+	// A put given up earlier is settled first: its key is this one, and
+	// its delete must not take the key of this candidacy.
+	e.mu.Lock()
+	unsettled := e.unsettled
+	e.mu.Unlock()
+	select {
+	case <-unsettled:
+	case <-ctx.Done():
+		return "", 0, 0, ctx.Err()
+	}
+	res := e.put(s, key, identity)
+	var p putResult
+	select {
+	case p = <-res:
+	case <-ctx.Done():
+		settled := make(chan struct{})
+		e.mu.Lock()
+		e.unsettled = settled
+		e.mu.Unlock()
+		e.wg.Add(1)
+		go func(key string) {
+			defer e.wg.Done()
+			defer close(settled)
+			e.unput(s, key, <-res)
+		}(key)
+		return "", 0, 0, ctx.Err()
+	}
+	switch {
+	case errors.Is(p.err, rpctypes.ErrLeaseNotFound):
+		// The lease expired before the session noticed.
+		s.end(fmt.Errorf("lease %x expired or revoked", int64(s.id)))
+		return "", 0, 0, fmt.Errorf("%w: session ended: %w", ErrLeadershipLost, s.Err())
+	case p.err != nil:
+		e.unput(s, key, p)
+		return "", 0, 0, fmt.Errorf("put candidate key: %w", p.err)
+	}
+	rev = p.rev()
+	// Our key is there: the first candidate is ours, or one ahead of us.
+	if p.resp.Responses[len(p.resp.Responses)-1].GetResponseRange().Kvs[0].CreateRevision == rev {
+		hdr = p.resp.Header.Revision
+	}
+	return key, rev, hdr, nil
+}
+
+// putResult is the outcome of a candidate put.
+type putResult struct {
+	resp *clientv3.TxnResponse
+	err  error
+}
+
+// rev returns the create revision of the candidate key a put left.
+func (p putResult) rev() int64 {
+	if !p.resp.Succeeded {
+		return p.resp.Responses[0].GetResponseRange().Kvs[0].CreateRevision
+	}
+	return p.resp.Header.Revision
+}
+
+// put sends our candidate put, bounded by the TTL and the session, and
+// returns its outcome on a channel.
+func (e *Election) put(s *session, key, identity string) <-chan putResult {
+	res := make(chan putResult, 1)
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		ctx, cancel := context.WithTimeout(s.ctx, s.ttl)
+		defer cancel()
+		op := clientv3.OpPut(key, identity, clientv3.WithLease(s.id))
+		first := clientv3.OpGet(e.prefix, clientv3.WithFirstCreate()...)
+		resp, err := e.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+			Then(op, first).Else(clientv3.OpGet(key), op, first).Commit()
+		res <- putResult{resp, err}
+	}()
+	return res
+}
+
+// unput takes back the key of a put that nobody waits for. A put that
+// landed, or failed on its way (its answer lost, say), has its key
+// deleted, bounded by the TTL. A put given up by its own deadline may
+// still be on its way: only a revoke settles it, for a put on a revoked
+// lease can no longer land. So the session ends when the put's fate is
+// unknown or the delete fails; its lease is revoked as soon as etcd
+// answers, and the key with it. A put etcd refused left nothing.
+func (e *Election) unput(s *session, key string, p putResult) {
+	var err error
+	switch {
+	case p.err == nil:
+		err = e.deleteWithin(s, key, p.rev())
+	case errors.Is(p.err, context.DeadlineExceeded) || errors.Is(p.err, context.Canceled):
+		err = p.err
+	case fatal(context.Background(), e.cli, p.err) == nil:
+		err = e.deleteWithin(s, key, 0)
+	}
+	if err != nil {
+		e.log.Warn("coord: candidate put unsettled, ending session", "lease", hexID(s.id), "err", err)
+		s.end(errors.New("candidate put unsettled"))
+	}
+}
+
+// deleteWithin deletes our candidate key (see deleteCandidate), bounded by
+// the TTL and the session.
+func (e *Election) deleteWithin(s *session, key string, rev int64) error {
+	ctx, cancel := context.WithTimeout(s.ctx, s.ttl)
+	defer cancel()
+	return e.deleteCandidate(ctx, s, key, rev)
+}
+
+// waitTurn waits until no candidate created before rev remains, and
+// returns the revision at which we lead.
+func (e *Election) waitTurn(ctx context.Context, s *session, key string, rev int64) (int64, error) {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(s.ctx, cancel)()
+	var r retry
+	for {
+		resp, err := e.cli.Txn(wctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", rev)).
+			Then(clientv3.OpGet(e.prefix, append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(rev-1))...)).
+			Commit()
+		switch {
+		case s.ctx.Err() != nil:
+			return 0, fmt.Errorf("%w: session ended: %w", ErrLeadershipLost, s.Err())
+		case err != nil:
+			return 0, fmt.Errorf("wait for our turn: %w", err)
+		case !resp.Succeeded:
+			return 0, fmt.Errorf("%w: our candidate key was deleted", ErrLeadershipLost)
+		}
+		ahead := resp.Responses[0].GetResponseRange().Kvs
+		if len(ahead) == 0 {
+			return resp.Header.Revision, nil
+		}
+		e.log.Debug("coord: campaign waits for its turn", "token", rev, "behind", string(ahead[0].Key))
+		// Someone is ahead: wait for any delete under the prefix (theirs, or
+		// ours by someone else), then look again. A watch that breaks
+		// without news is retried with backoff, not at once.
+		if e.waitDelete(wctx, resp.Header.Revision+1) {
+			r = retry{}
+		} else {
+			sleep(wctx, r.next())
+		}
+	}
+}
+
+// waitDelete waits for a delete under the prefix from rev on, and reports
+// whether it saw one (false: the watch broke or ctx ended).
+func (e *Election) waitDelete(ctx context.Context, rev int64) bool {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	news := false
+	for wr := range e.cli.Watch(ctx, e.prefix, clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithRev(rev)) {
+		news = len(wr.Events) > 0
+		if news || wr.Err() != nil {
+			break
+		}
+	}
+	return news
+}
+
+// takeLead makes us leader with our key at rev, from revision hdr on. A
+// session granted late is renewed first: we never lead on a lease we
+// cannot vouch for, and a leadership is never lost for want of a renewal
+// that was not tried.
+func (e *Election) takeLead(ctx context.Context, s *session, key string, rev, hdr int64, identity string) error {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(s.ctx, cancel)()
+	for !s.valid() && wctx.Err() == nil {
+		e.log.Debug("coord: campaign waits for its session's first renewal", "token", rev)
+		select {
+		case <-s.k.renewed():
+		case <-wctx.Done():
+		}
+	}
+	lctx, end := context.WithCancelCause(s.ctx)
+	if !s.valid() {
+		end(nil)
+		return fmt.Errorf("%w: session not renewed: %w", ErrLeadershipLost, context.Cause(wctx))
+	}
+	l := &leadership{key: key, rev: rev, sess: s, ctx: lctx, cancel: end}
 	e.mu.Lock()
 	e.lead = l
 	e.mu.Unlock()
@@ -220,162 +486,121 @@ func (e *Election) campaign(ctx context.Context, identity string, wait bool) (bo
 	go e.monitor(l, hdr)
 	e.log.Info("coord: leadership gained", "token", rev, "identity", identity)
 	emit(e.signal, Signal{Kind: SignalLeadershipGained, Key: e.key, Token: rev})
-	return true, nil
+	return nil
 }
 
-// candidate puts our candidate key, proclaiming identity, and returns it
-// with its create revision and session. A key of our lease already there
-// (left by a program sharing our lease, as etcd's concurrency package
-// allows) is taken over in the same transaction.
-func (e *Election) candidate(ctx context.Context, identity string) (*session, string, int64, error) {
-	for {
-		s, err := e.session(ctx)
-		if err != nil {
-			return nil, "", 0, err
-		}
-		key := e.prefix + hexID(s.id)
-		put := clientv3.OpPut(key, identity, clientv3.WithLease(s.id))
-		resp, err := e.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-			Then(put).Else(clientv3.OpGet(key), put).Commit()
-		switch {
-		case errors.Is(err, rpctypes.ErrLeaseNotFound):
-			// The lease expired before the session noticed: start another.
-			s.end(fmt.Errorf("coord: lease %x expired or revoked", int64(s.id)))
-			continue
-		case err != nil:
-			// The put may have landed: take it back.
-			e.withdraw(s, key, 0)
-			return nil, "", 0, e.fail(ctx, "campaign", err)
-		case !resp.Succeeded:
-			return s, key, resp.Responses[0].GetResponseRange().Kvs[0].CreateRevision, nil
-		}
-		return s, key, resp.Header.Revision, nil
+// withdraw deletes our candidate key (rev 0: whatever its revision, if it
+// is on our lease), within ctx. What etcd cannot be told within ctx is
+// retried in the background, bounded by the TTL; if that fails too, the
+// session ends, and its lease, with the key, is revoked as soon as etcd
+// answers. A session that ended already takes the key with its lease.
+func (e *Election) withdraw(ctx context.Context, s *session, key string, rev int64) {
+	if s.ctx.Err() != nil || e.deleteCandidate(ctx, s, key, rev) == nil {
+		return
 	}
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		if err := e.deleteWithin(s, key, rev); err != nil {
+			e.log.Warn("coord: cannot withdraw candidate, ending session", "lease", hexID(s.id), "err", err)
+			s.end(errors.New("candidate could not be withdrawn"))
+		}
+	}()
 }
 
-// waitTurn waits until no candidate created before rev remains, and
-// returns the revision at which we lead; 0 when !wait and someone is ahead.
-func (e *Election) waitTurn(ctx context.Context, s *session, key string, rev int64, wait bool) (int64, error) {
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	defer context.AfterFunc(s.ctx, cancel)()
-	for {
-		resp, err := e.cli.Txn(wctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", rev)).
-			Then(clientv3.OpGet(e.prefix, append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(rev-1))...)).
-			Commit()
-		if err != nil {
-			return 0, e.why(ctx, s, err)
-		}
-		if !resp.Succeeded {
-			return 0, fmt.Errorf("coord: campaign %q: our key was deleted: %w", e.key, ErrLeadershipLost)
-		}
-		ahead := resp.Responses[0].GetResponseRange().Kvs
-		if len(ahead) == 0 {
-			return resp.Header.Revision, nil
-		}
-		if !wait {
-			return 0, nil
-		}
-		e.log.Debug("coord: campaign waits for its turn", "token", rev, "behind", string(ahead[0].Key))
-		// Someone is ahead: wait for any delete under the prefix (theirs, or
-		// ours by someone else), then look again.
-		for wr := range e.cli.Watch(wctx, e.prefix, clientv3.WithPrefix(), clientv3.WithFilterPut(),
-			clientv3.WithRev(resp.Header.Revision+1)) {
-			if len(wr.Events) > 0 || wr.Err() != nil {
-				break
-			}
-		}
+func (e *Election) deleteCandidate(ctx context.Context, s *session, key string, rev int64) error {
+	cmp := clientv3.Compare(clientv3.CreateRevision(key), "=", rev)
+	if rev == 0 {
+		cmp = clientv3.Compare(clientv3.LeaseValue(key), "=", s.id)
 	}
+	_, err := e.cli.Txn(ctx).If(cmp).Then(clientv3.OpDelete(key)).Commit()
+	return err
 }
 
-// why explains an error met while waiting our turn.
-func (e *Election) why(ctx context.Context, s *session, err error) error {
-	// Close ends e.ctx, and so s.ctx at once, but ctx a moment later.
-	if ctx.Err() == nil && e.ctx.Err() == nil && s.ctx.Err() != nil {
-		return fmt.Errorf("coord: campaign %q: session ended (%v): %w", e.key, s.Err(), ErrLeadershipLost)
-	}
-	return e.fail(ctx, "campaign", err)
-}
-
-// withdraw deletes our candidate key (rev 0: whatever its revision). If
-// etcd cannot be told, it ends the session: its lease, and the key with it,
-// is revoked as soon as etcd answers.
-func (e *Election) withdraw(s *session, key string, rev int64) {
-	if s.ctx.Err() == nil {
-		ctx, cancel := context.WithTimeout(e.ctx, s.ttl)
-		cmp := clientv3.Compare(clientv3.CreateRevision(key), "=", rev)
-		if rev == 0 {
-			cmp = clientv3.Compare(clientv3.LeaseValue(key), "=", s.id)
-		}
-		_, err := e.cli.Txn(ctx).If(cmp).Then(clientv3.OpDelete(key)).Commit()
-		cancel()
-		if err == nil {
-			return
-		}
-		e.log.Warn("coord: cannot withdraw candidate, ending session", "lease", hexID(s.id), "err", err)
-	}
-	s.end(errors.New("coord: candidate could not be withdrawn"))
-}
-
-// monitor ends leadership l when its key is deleted; the session's end,
-// Resign and Close end it through l.ctx.
+// monitor ends leadership l when its key is deleted or written off our
+// lease; the session's end, Resign and Close end it through l.ctx.
 func (e *Election) monitor(l *leadership, rev int64) {
 	defer e.wg.Done()
 	defer emit(e.signal, Signal{Kind: SignalLeadershipLost, Key: e.key, Token: l.rev})
-	defer l.cancel()
 	wch := e.cli.Watch(clientv3.WithRequireLeader(l.ctx), l.key, clientv3.WithRev(rev+1))
+	var r retry
 	for {
 		select {
 		case <-l.ctx.Done():
-			e.log.Info("coord: leadership ended", "token", l.rev)
+			e.log.Info("coord: leadership ended", "token", l.rev, "err", context.Cause(l.ctx))
 			return
 		case wr, ok := <-wch:
-			for _, ev := range wr.Events {
-				if ev.Type == mvccpb.DELETE {
-					// Ours, by Resign, or someone else's: either way it ends.
-					e.log.Info("coord: leader key deleted, leadership ended", "token", l.rev)
-					return
-				}
-				if ev.Kv.Lease != int64(l.sess.id) {
-					e.log.Warn("coord: leader key written off our lease, stepping down", "token", l.rev, "lease", hexID(clientv3.LeaseID(ev.Kv.Lease)))
-					e.dropKey(l)
-					return
+			if len(wr.Events) > 0 {
+				r = retry{}
+			}
+			err := e.checkLeaderEvents(l, wr.Events)
+			if err == nil && (!ok || wr.Err() != nil) {
+				sleep(l.ctx, r.next())
+				if rev, err = e.rewatchLeader(l, rev, wr.Err()); err == nil {
+					wch = e.cli.Watch(clientv3.WithRequireLeader(l.ctx), l.key, clientv3.WithRev(rev+1))
 				}
 			}
-			if !ok || wr.Err() != nil {
-				// The watch broke: read the key and watch on. If etcd will
-				// not let us (client closed, permission denied), we can no
-				// longer tell that we lead: step down rather than spin, and
-				// end the session so that the key goes with its lease.
-				var g *clientv3.GetResponse
-				var err error
-				ferr := fatal(l.ctx, e.cli, wr.Err())
-				if ferr == nil {
-					g, err = e.cli.Get(l.ctx, l.key)
-					ferr = fatal(l.ctx, e.cli, err)
-				}
-				if ferr != nil {
-					e.log.Warn("coord: cannot watch leader key, leadership ended", "token", l.rev, "err", ferr)
-					if l.ctx.Err() == nil {
-						l.sess.end(ferr)
-					}
-					return
-				}
-				if err == nil && (len(g.Kvs) == 0 || g.Kvs[0].CreateRevision != l.rev || g.Kvs[0].Lease != int64(l.sess.id)) {
-					// Gone, or no longer ours: step down, and take back a
-					// key of this term that now outlives our session.
-					e.log.Warn("coord: leader key gone or no longer ours, leadership lost", "token", l.rev)
-					e.dropKey(l)
-					return
-				}
-				if err == nil {
-					rev = g.Header.Revision
-				}
-				e.log.Debug("coord: leader watch broke, watching on", "token", l.rev, "rev", rev, "err", wr.Err())
-				wch = e.cli.Watch(clientv3.WithRequireLeader(l.ctx), l.key, clientv3.WithRev(rev+1))
+			if err != nil {
+				l.cancel(err)
+				e.log.Info("coord: leadership ended", "token", l.rev, "err", context.Cause(l.ctx))
+				return
 			}
 		}
 	}
+}
+
+// checkLeaderEvents says whether events of l's key end l: deleted (ours,
+// by Resign, or someone else's), or written off our lease.
+func (e *Election) checkLeaderEvents(l *leadership, evs []*clientv3.Event) error {
+	for _, ev := range evs {
+		if ev.Type == mvccpb.DELETE {
+			return errKeyDeleted
+		}
+		if ev.Kv.Lease != int64(l.sess.id) {
+			e.log.Warn("coord: leader key written off our lease, stepping down", "token", l.rev, "lease", hexID(clientv3.LeaseID(ev.Kv.Lease)))
+			e.dropKey(l)
+			return errors.New("leader key written off our lease")
+		}
+	}
+	return nil
+}
+
+// rewatchLeader reads l's key after its watch broke, and returns the
+// revision to watch on from, or why l is over. If etcd will not let us
+// read (client closed, permission denied), we can no longer tell that we
+// lead: we step down rather than spin, and end the session so that the
+// key goes with its lease.
+func (e *Election) rewatchLeader(l *leadership, rev int64, werr error) (int64, error) {
+	ferr := fatal(l.ctx, e.cli, werr)
+	var (
+		g   *clientv3.GetResponse
+		err error
+	)
+	if ferr == nil {
+		g, err = e.cli.Get(l.ctx, l.key)
+		ferr = fatal(l.ctx, e.cli, err)
+	}
+	if ferr != nil {
+		if l.ctx.Err() == nil {
+			e.log.Warn("coord: cannot watch leader key, leadership ended", "token", l.rev, "err", ferr)
+			l.sess.end(ferr)
+		}
+		return 0, ferr
+	}
+	// A read that failed for now (no leader, say): watch on from where we
+	// were.
+	if err == nil {
+		if len(g.Kvs) == 0 || g.Kvs[0].CreateRevision != l.rev || g.Kvs[0].Lease != int64(l.sess.id) {
+			// Gone, or no longer ours: step down, and take back a key of
+			// this term that now outlives our session.
+			e.log.Warn("coord: leader key gone or no longer ours, leadership lost", "token", l.rev)
+			e.dropKey(l)
+			return 0, errors.New("leader key gone or no longer ours")
+		}
+		rev = g.Header.Revision
+	}
+	e.log.Debug("coord: leader watch broke, watching on", "token", l.rev, "rev", rev, "werr", werr, "err", err)
+	return rev, nil
 }
 
 // dropKey deletes the key of leadership l if it is still that of l: written
@@ -390,17 +615,18 @@ func (e *Election) dropKey(l *leadership) {
 }
 
 // Proclaim announces a new identity as leader without a new election. It
-// returns an error wrapping ErrNotLeader when we do not lead.
+// returns an error wrapping ErrNotLeader when we do not lead. It does not
+// wait for a pending Campaign.
 func (e *Election) Proclaim(ctx context.Context, identity string) error {
-	ctx, done, err := e.acquire(ctx, "proclaim")
-	if err != nil {
-		return err
+	if e.ctx.Err() != nil || e.cli.Ctx().Err() != nil {
+		return e.fail(ctx, "proclaim", ErrClosed)
 	}
-	defer done()
 	l := e.current()
 	if l == nil {
-		return fmt.Errorf("coord: proclaim %q: %w", e.key, ErrNotLeader)
+		return opErr(fmt.Sprintf("proclaim %q", e.key), ErrNotLeader)
 	}
+	ctx, cancel := e.bind(ctx)
+	defer cancel()
 	return e.proclaim(ctx, l, identity)
 }
 
@@ -413,58 +639,70 @@ func (e *Election) proclaim(ctx context.Context, l *leadership, identity string)
 		return e.fail(ctx, "proclaim", err)
 	}
 	if !resp.Succeeded {
-		return fmt.Errorf("coord: proclaim %q: %w", e.key, ErrNotLeader)
+		return opErr(fmt.Sprintf("proclaim %q", e.key), ErrNotLeader)
 	}
 	return nil
 }
 
-// Resign gives up leadership, so another candidate can lead. It returns nil
-// when we do not lead. On error we still lead; Close ends it for good.
+// Resign gives up leadership, so that another candidate can lead, and
+// withdraws a pending Campaign of this Election (which returns an error
+// wrapping ErrResigned). Our leadership ends at once (Done closes, Err
+// wraps ErrResigned); our key is deleted within ctx, or else the session
+// ends, so that the key goes with its lease as soon as etcd answers.
+// Resign returns nil when we neither lead nor campaign; it never waits for
+// a pending Campaign.
 func (e *Election) Resign(ctx context.Context) error {
-	ctx, done, err := e.acquire(ctx, "resign")
-	if err != nil {
-		return err
+	if e.ctx.Err() != nil || ctx.Err() != nil || e.cli.Ctx().Err() != nil {
+		// Not started: nothing changes. (A closed client sends nothing
+		// more, as after a crash: the key goes with the lease.)
+		return e.fail(ctx, "resign", ctx.Err())
 	}
-	defer done()
-	return e.resign(ctx)
-}
-
-func (e *Election) resign(ctx context.Context) error {
-	l := e.current()
-	if l == nil {
+	e.mu.Lock()
+	l, pending := e.lead, e.pending
+	e.mu.Unlock()
+	if pending != nil {
+		pending(ErrResigned)
+	}
+	if l == nil || l.ctx.Err() != nil {
 		return nil
 	}
+	l.cancel(ErrResigned)
+	e.log.Info("coord: resigned", "token", l.rev)
+	ctx, cancel := e.bind(ctx)
+	defer cancel()
 	_, err := e.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.rev)).
 		Then(clientv3.OpDelete(l.key)).Commit()
 	if err != nil {
+		l.sess.end(errors.New("leader key could not be deleted on resign"))
 		return e.fail(ctx, "resign", err)
 	}
-	l.cancel()
-	e.log.Info("coord: resigned", "token", l.rev)
 	return nil
 }
 
 // Leader returns the identity of the current leader, or an error wrapping
-// ErrNoLeader when there is none.
+// ErrNoLeader when there is none. It reports what etcd holds: a process
+// that stepped down while cut off may be shown until its key goes.
 func (e *Election) Leader(ctx context.Context) (string, error) {
 	if e.ctx.Err() != nil {
-		return "", fmt.Errorf("coord: leader of %q: %w", e.key, ErrClosed)
+		return "", opErr(fmt.Sprintf("leader of %q", e.key), ErrClosed)
 	}
 	resp, err := e.cli.Get(ctx, e.prefix, clientv3.WithFirstCreate()...)
 	if err != nil {
 		return "", opErr(fmt.Sprintf("leader of %q", e.key), err)
 	}
 	if len(resp.Kvs) == 0 {
-		return "", fmt.Errorf("coord: leader of %q: %w", e.key, ErrNoLeader)
+		return "", opErr(fmt.Sprintf("leader of %q", e.key), ErrNoLeader)
 	}
 	return string(resp.Kvs[0].Value), nil
 }
 
 // Observe returns a channel that receives the leader's identity, "" while
 // there is none: first the current one, then each change. A slow reader
-// gets the latest leader, not every one in between. The channel is closed
-// when ctx ends, on Close, or when the client is closed; etcd faults and
-// refusals (permission denied) do not close it: it retries. After Close it
+// gets the latest leader, not every one in between. It reports what etcd
+// holds: a process that stepped down while cut off may be shown until its
+// key goes. The channel is closed when ctx ends, on Close, or when the
+// client is closed; etcd faults do not close it: it retries with backoff,
+// and logs a refusal (permission denied) as a warning. After Close it
 // returns a closed channel.
 func (e *Election) Observe(ctx context.Context) <-chan string {
 	ch := make(chan string)
@@ -474,67 +712,82 @@ func (e *Election) Observe(ctx context.Context) <-chan string {
 		close(ch)
 		return ch
 	}
-	octx, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(e.ctx, cancel)
+	octx, cancel := e.bind(ctx)
 	// Under e.mu, so that Close (which cancels e.ctx under e.mu) waits for it.
 	e.wg.Add(1)
 	go func() {
 		defer e.wg.Done()
 		defer close(ch)
 		defer cancel()
-		defer stop()
-		e.observe(octx, ch)
+		o := observer{e: e, ch: ch}
+		o.run(octx)
 	}()
 	return ch
 }
 
-func (e *Election) observe(ctx context.Context, ch chan<- string) {
-	var (
-		last string
-		sent bool
-		r    retry
-	)
+// observer follows the candidates of an election for Observe.
+type observer struct {
+	e    *Election
+	ch   chan<- string
+	last string // the last leader sent
+	sent bool   // whether anything was sent
+}
+
+// run lists the candidates and follows them, again after each broken
+// watch, until ctx ends or the client is closed.
+func (o *observer) run(ctx context.Context) {
+	var r retry
 	for {
-		resp, err := e.cli.Get(ctx, e.prefix, clientv3.WithPrefix())
-		if err != nil {
-			if e.over(ctx) {
-				return
+		resp, err := o.e.cli.Get(ctx, o.e.prefix, clientv3.WithPrefix())
+		if err == nil {
+			var news bool
+			news, err = o.follow(ctx, resp)
+			if news {
+				r = retry{}
 			}
-			e.log.Debug("coord: observe: cannot list candidates", "err", err)
-			sleep(ctx, r.next())
-			continue
 		}
-		r = retry{}
-		cands := map[string]*mvccpb.KeyValue{}
-		for _, kv := range resp.Kvs {
-			cands[string(kv.Key)] = kv
+		if o.e.over(ctx) {
+			return
 		}
-		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-		wch := e.cli.Watch(wctx, e.prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
-	watch:
-		for {
-			var out chan<- string
-			cur := leaderOf(cands)
-			if !sent || cur != last {
-				out = ch
+		if fatal(ctx, o.e.cli, err) != nil {
+			o.e.log.Warn("coord: observe: etcd refuses, retrying", "err", err)
+		} else {
+			o.e.log.Debug("coord: observe: watch broke, listing again", "err", err)
+		}
+		sleep(ctx, r.next())
+	}
+}
+
+// follow sends the leader among the candidates listed by resp, and each
+// change of it, until the watch breaks. It reports whether the watch
+// brought news, and why it ended.
+func (o *observer) follow(ctx context.Context, resp *clientv3.GetResponse) (news bool, _ error) {
+	cands := map[string]*mvccpb.KeyValue{}
+	for _, kv := range resp.Kvs {
+		cands[string(kv.Key)] = kv
+	}
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	wch := o.e.cli.Watch(wctx, o.e.prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+	for {
+		var out chan<- string
+		cur := leaderOf(cands)
+		if !o.sent || cur != o.last {
+			out = o.ch
+		}
+		select {
+		case out <- cur:
+			o.last, o.sent = cur, true
+		case wr, ok := <-wch:
+			if !ok || wr.Err() != nil {
+				return news, wr.Err()
 			}
-			select {
-			case out <- cur:
-				last, sent = cur, true
-			case wr, ok := <-wch:
-				if !ok || wr.Err() != nil {
-					cancel()
-					if e.over(ctx) {
-						return
-					}
-					break watch
-				}
-				for _, ev := range wr.Events {
-					if ev.Type == mvccpb.DELETE {
-						delete(cands, string(ev.Kv.Key))
-					} else {
-						cands[string(ev.Kv.Key)] = ev.Kv
-					}
+			news = true
+			for _, ev := range wr.Events {
+				if ev.Type == mvccpb.DELETE {
+					delete(cands, string(ev.Kv.Key))
+				} else {
+					cands[string(ev.Kv.Key)] = ev.Kv
 				}
 			}
 		}
@@ -561,12 +814,16 @@ func leaderOf(cands map[string]*mvccpb.KeyValue) string {
 	return string(first.Value)
 }
 
-// IsLeader reports whether we lead now, as far as we know.
+// IsLeader reports whether we lead now. It is judged at the call, on the
+// monotonic clock: false once two thirds of the TTL have passed since the
+// last renewal etcd answered, even if the process was paused and no timer
+// has fired yet.
 func (e *Election) IsLeader() bool { return e.current() != nil }
 
 // Done returns a channel closed when the current leadership ends: Resign,
-// session expiry or renewals unanswered for 2/3 of the TTL, leader key
-// deleted, Close. When we do not lead it returns a closed channel.
+// session expiry or renewals unanswered for 2/3 of the TTL (measured from
+// the last answered renewal), leader key deleted, Close. When we do not
+// lead it returns a closed channel.
 func (e *Election) Done() <-chan struct{} {
 	if l := e.current(); l != nil {
 		return l.ctx.Done()
@@ -574,9 +831,33 @@ func (e *Election) Done() <-chan struct{} {
 	return closedChan
 }
 
+// Err says why the latest leadership ended: an error wrapping ErrResigned
+// after Resign, ErrClosed after Close, ErrClientClosed when the client was
+// closed, else ErrLeadershipLost wrapping the cause (renewals unanswered,
+// lease expired or revoked, key deleted). It is nil while we lead and
+// before any leadership.
+func (e *Election) Err() error {
+	e.mu.Lock()
+	l := e.lead
+	e.mu.Unlock()
+	if l == nil || e.current() == l {
+		return nil
+	}
+	cause := errUnanswered // judged at the call, before the timer said so
+	if l.ctx.Err() != nil {
+		cause = context.Cause(l.ctx)
+	}
+	for _, known := range []error{ErrResigned, ErrClosed, ErrClientClosed} {
+		if errors.Is(cause, known) {
+			return cause
+		}
+	}
+	return fmt.Errorf("%w: %w", ErrLeadershipLost, cause)
+}
+
 // Token returns the fencing token of the current leadership, the create
-// revision of our leader key, or 0 when we do not lead. Tokens of
-// successive leaders of a key strictly increase.
+// revision of our leader key, or 0 when we do not lead (judged as
+// IsLeader). Tokens of successive leaders of a key strictly increase.
 func (e *Election) Token() int64 {
 	if l := e.current(); l != nil {
 		return l.rev
@@ -596,30 +877,54 @@ func (e *Election) Guard() clientv3.Cmp {
 // Key returns the election's key.
 func (e *Election) Key() string { return e.key }
 
-// Close resigns, releases the session and waits for the election's
-// goroutines; Campaigns under way return ErrClosed. It bounds its own time
-// to about one TTL. It is idempotent; on an election handed out by an
-// ElectionPool it does nothing (the pool owns it).
+// Close resigns (or withdraws a pending Campaign, which returns
+// ErrClosed), releases the session and waits for the election's
+// goroutines. It bounds its own time to about one TTL, and is idempotent.
+// An Election of an ElectionPool deletes its candidate key from the shared
+// session (if etcd cannot be told within the TTL, that session ends, so
+// that the key goes with its lease) and gives its key back to the pool.
 func (e *Election) Close() error {
-	if e.pooled {
-		return nil
-	}
-	return e.close()
-}
-
-func (e *Election) close() error {
 	e.once.Do(func() {
-		// Ending e.ctx ends every session, and so the leadership; each
-		// session revokes its lease, which deletes our keys, on its way out.
-		// Under e.mu, so that no Observe starts a goroutine past wg.Wait.
+		// Ending e.ctx ends a Campaign under way and every session of our
+		// own; each revokes its lease, which deletes our keys, on its way
+		// out. Under e.mu, so that no Observe starts a goroutine past
+		// wg.Wait.
 		e.mu.Lock()
-		e.cancel()
+		e.cancel(ErrClosed)
+		l := e.lead
 		e.mu.Unlock()
 		// Wait out a campaign under way; the turn is never given back.
 		e.turn <- struct{}{}
+		if e.pool != nil {
+			e.leave(l)
+		}
 		e.wg.Wait()
+		if e.pool != nil {
+			e.pool.release(e)
+		}
 	})
 	return nil
+}
+
+// leave ends leadership l of a pooled election, if it is live, and
+// deletes its key from the shared session, which outlives us.
+func (e *Election) leave(l *leadership) {
+	if l == nil || l.ctx.Err() != nil {
+		return
+	}
+	l.cancel(ErrClosed)
+	ctx, cancel := context.WithTimeout(l.sess.ctx, l.sess.ttl)
+	defer cancel()
+	// A closed client sends nothing more, as after a crash (see revoke):
+	// the key goes with the shared lease.
+	err := e.cli.Ctx().Err()
+	if err == nil {
+		err = e.deleteCandidate(ctx, l.sess, l.key, l.rev)
+	}
+	if err != nil {
+		e.log.Warn("coord: cannot delete leader key, ending the shared session", "lease", hexID(l.sess.id), "err", err)
+		l.sess.end(errors.New("leader key could not be deleted on close"))
+	}
 }
 
 var closedChan = func() chan struct{} {

@@ -225,43 +225,75 @@ func etUntil(t *testing.T, what string, cond func() bool) {
 }
 
 // etHooks runs a function when a client sends a given gRPC request, so
-// that a test can act at that very moment.
+// that a test can act at that very moment; a hook may also fail the
+// request before it is sent (as a member without leader answers at once),
+// or lose the answer of one that etcd carried out.
 type etHooks struct {
 	mu    sync.Mutex
-	hooks map[string]func() // by full method name; each runs once
+	hooks map[string]func() error // by full method name; each runs once
+	lost  map[string]bool         // methods whose next answer is lost
 }
 
 // on runs f the next time the client sends method (e.g. "/etcdserverpb.KV/Txn").
 func (h *etHooks) on(method string, f func()) {
+	h.onErr(method, func() error { f(); return nil })
+}
+
+// onErr runs f the next time the client sends method; if f returns an
+// error, the request fails with it and is not sent.
+func (h *etHooks) onErr(method string, f func() error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.hooks[method] = f
 }
 
-func (h *etHooks) fire(method string) {
+// loseAnswer makes the next request of method reach etcd, and its answer
+// be lost on the way back: the caller gets an error.
+func (h *etHooks) loseAnswer(method string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.lost[method] = true
+}
+
+func (h *etHooks) fire(method string) error {
 	h.mu.Lock()
 	f := h.hooks[method]
 	delete(h.hooks, method)
 	h.mu.Unlock()
 	if f != nil {
-		f()
+		return f()
 	}
+	return nil
+}
+
+func (h *etHooks) answer(method string, err error) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err == nil && h.lost[method] {
+		delete(h.lost, method)
+		return errors.New("test: answer lost on the way back")
+	}
+	return err
 }
 
 // etHookedClient returns a client made from cfg whose requests run the hooks
 // set on the returned etHooks first. It is closed at the end of the test.
 func etHookedClient(t *testing.T, cfg clientv3.Config) (*clientv3.Client, *etHooks) {
 	t.Helper()
-	h := &etHooks{hooks: map[string]func(){}}
+	h := &etHooks{hooks: map[string]func() error{}, lost: map[string]bool{}}
 	cfg.DialOptions = append(slices.Clone(cfg.DialOptions),
 		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any,
 			cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-			h.fire(method)
-			return invoker(ctx, method, req, reply, cc, opts...)
+			if err := h.fire(method); err != nil {
+				return err
+			}
+			return h.answer(method, invoker(ctx, method, req, reply, cc, opts...))
 		}),
 		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn,
 			method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-			h.fire(method)
+			if err := h.fire(method); err != nil {
+				return nil, err
+			}
 			return streamer(ctx, desc, cc, method, opts...)
 		}))
 	c, err := clientv3.New(cfg)
@@ -482,46 +514,56 @@ func TestElectionCampaign(t *testing.T) {
 			t.Fatalf("%d candidates, want 1", n)
 		}
 	})
-	t.Run("Campaign returns ErrLeadershipLost when its session's lease is revoked while it waits", func(t *testing.T) {
+	t.Run("A waiting Campaign whose session's lease is revoked queues again on a new session", func(t *testing.T) {
 		srv, cli := newEtcd(t)
 		a := etElection(t, cli, ElectionOptions{})
 		b := etElection(t, srv.NewClient(t), ElectionOptions{})
 		etCampaign(t, a, "a")
 		res := etCampaignAsync(testCtx(t), b, "b")
 		etWaitCount(t, cli, etPrefix, 2, clientv3.WithPrefix())
-		etRevoke(t, cli, clientv3.LeaseID(etCands(t, cli)[1].Lease))
-		r := etWait(t, res)
-		if !errors.Is(r.err, ErrLeadershipLost) {
-			t.Fatalf("Campaign: %v, want ErrLeadershipLost", r.err)
-		}
-		if b.IsLeader() {
-			t.Fatal("b leads")
-		}
-	})
-	t.Run("Campaign returns ErrLeadershipLost when its candidate key is deleted while it waits", func(t *testing.T) {
-		srv, cli := newEtcd(t)
-		a := etElection(t, cli, ElectionOptions{})
-		b := etElection(t, srv.NewClient(t), ElectionOptions{})
-		etCampaign(t, a, "a")
-		res := etCampaignAsync(testCtx(t), b, "b")
-		etWaitCount(t, cli, etPrefix, 2, clientv3.WithPrefix())
-		if _, err := cli.Delete(testCtx(t), string(etCands(t, cli)[1].Key)); err != nil {
-			t.Fatal(err)
-		}
-		if r := etWait(t, res); !errors.Is(r.err, ErrLeadershipLost) {
-			t.Fatalf("Campaign: %v, want ErrLeadershipLost", r.err)
-		}
-		// The session was not harmed: b campaigns again on the same lease.
-		lease := etSession(b).id
+		old := clientv3.LeaseID(etCands(t, cli)[1].Lease)
+		etRevoke(t, cli, old)
+		etUntil(t, "queued again on a new lease", func() bool {
+			c := etCands(t, cli)
+			return len(c) == 2 && clientv3.LeaseID(c[1].Lease) != old
+		})
 		if err := a.Resign(testCtx(t)); err != nil {
 			t.Fatal(err)
 		}
-		etCampaign(t, b, "b")
-		if got := clientv3.LeaseID(etCands(t, cli)[0].Lease); got != lease {
-			t.Fatalf("b campaigned on lease %x, want %x", int64(got), int64(lease))
+		if r := etWait(t, res); r.err != nil || !b.IsLeader() {
+			t.Fatalf("Campaign: %v, IsLeader %v", r.err, b.IsLeader())
+		}
+		if got := clientv3.LeaseID(etCands(t, cli)[0].Lease); got == old {
+			t.Fatal("leads on the revoked lease")
 		}
 	})
-	t.Run("Campaign returns ErrLeadershipLost when cut off from etcd while it waits", func(t *testing.T) {
+	t.Run("A waiting Campaign whose candidate key is deleted queues again", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		a := etElection(t, cli, ElectionOptions{})
+		b := etElection(t, srv.NewClient(t), ElectionOptions{})
+		etCampaign(t, a, "a")
+		res := etCampaignAsync(testCtx(t), b, "b")
+		etWaitCount(t, cli, etPrefix, 2, clientv3.WithPrefix())
+		first := etCands(t, cli)[1]
+		if _, err := cli.Delete(testCtx(t), string(first.Key)); err != nil {
+			t.Fatal(err)
+		}
+		etUntil(t, "queued again", func() bool {
+			c := etCands(t, cli)
+			return len(c) == 2 && c[1].CreateRevision > first.CreateRevision
+		})
+		// The session was not harmed: b queued again on the same lease.
+		if got := clientv3.LeaseID(etCands(t, cli)[1].Lease); got != clientv3.LeaseID(first.Lease) {
+			t.Fatalf("b queued on lease %x, want %x", int64(got), first.Lease)
+		}
+		if err := a.Resign(testCtx(t)); err != nil {
+			t.Fatal(err)
+		}
+		if r := etWait(t, res); r.err != nil || !b.IsLeader() {
+			t.Fatalf("Campaign: %v, IsLeader %v", r.err, b.IsLeader())
+		}
+	})
+	t.Run("A waiting Campaign cut off from etcd waits through the outage and queues again", func(t *testing.T) {
 		srv, cli := newEtcd(t)
 		p := srv.NewProxy(t)
 		a := etElection(t, cli, ElectionOptions{})
@@ -531,22 +573,24 @@ func TestElectionCampaign(t *testing.T) {
 		res := etCampaignAsync(testCtx(t), b, "b")
 		// Cut off once b waits, not while its put is on the way.
 		tap.wait(t, "coord: campaign waits for its turn", 1)
+		old := etSession(b)
 		bKey := string(etCands(t, cli)[1].Key)
 		p.Blackhole()
-		r := etWait(t, res)
-		if !errors.Is(r.err, ErrLeadershipLost) {
-			t.Fatalf("Campaign: %v, want ErrLeadershipLost", r.err)
-		}
-		// No new session can be had meanwhile.
-		ctx, cancel := context.WithTimeout(testCtx(t), 200*time.Millisecond)
-		defer cancel()
-		if err := b.Campaign(ctx, "b"); !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("Campaign while cut off: %v, want DeadlineExceeded", err)
+		etClosed(t, old.ctx.Done(), "the cut-off session")
+		select {
+		case r := <-res:
+			t.Fatalf("Campaign returned during the outage: %v", r.err)
+		default:
 		}
 		p.Unblackhole()
+		// The old key goes with its lease; b queues again on a new one.
 		etWaitCount(t, cli, bKey, 0)
-		if n := len(etCands(t, cli)); n != 1 {
-			t.Fatalf("%d candidates, want 1", n)
+		etUntil(t, "queued again", func() bool { return len(etCands(t, cli)) == 2 })
+		if err := a.Resign(testCtx(t)); err != nil {
+			t.Fatal(err)
+		}
+		if r := etWait(t, res); r.err != nil || !b.IsLeader() {
+			t.Fatalf("Campaign: %v, IsLeader %v", r.err, b.IsLeader())
 		}
 	})
 	t.Run("Campaign after its lease expired unnoticed starts a new session", func(t *testing.T) {
@@ -568,8 +612,9 @@ func TestElectionCampaign(t *testing.T) {
 		e := etElection(t, cli, ElectionOptions{})
 		lease := etSession(e).id
 		big := strings.Repeat("x", 1600<<10) // over etcd's 1.5 MiB request limit
-		if err := e.Campaign(testCtx(t), big); err == nil {
-			t.Fatal("Campaign with a huge identity succeeded")
+		// Refused for good: it returns at once, not at its ctx.
+		if err := e.Campaign(testCtx(t), big); err == nil || errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Campaign with a huge identity: %v, want etcd's refusal", err)
 		}
 		if e.IsLeader() {
 			t.Fatal("leads after a failed Campaign")
@@ -614,26 +659,34 @@ func TestElectionCampaign(t *testing.T) {
 			t.Fatalf("%d candidates, want 1", n)
 		}
 	})
-	t.Run("calls of one election take turns and give up when their ctx ends", func(t *testing.T) {
+	t.Run("TryCampaign, Proclaim and Resign do not wait for a pending Campaign; Resign withdraws it", func(t *testing.T) {
 		srv, cli := newEtcd(t)
 		a := etElection(t, cli, ElectionOptions{})
 		b := etElection(t, srv.NewClient(t), ElectionOptions{})
 		etCampaign(t, a, "a")
 		res := etCampaignAsync(testCtx(t), b, "b")
 		etWaitCount(t, cli, etPrefix, 2, clientv3.WithPrefix())
-		ctx, cancel := context.WithTimeout(testCtx(t), 100*time.Millisecond)
+		bKey := string(etCands(t, cli)[1].Key)
+		ctx, cancel := context.WithTimeout(testCtx(t), time.Second*scale)
 		defer cancel()
-		if ok, err := b.TryCampaign(ctx, "b"); ok || !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("TryCampaign while a Campaign waits = %v, %v; want DeadlineExceeded", ok, err)
+		if ok, err := b.TryCampaign(ctx, "b"); ok || err != nil {
+			t.Fatalf("TryCampaign while a Campaign waits = %v, %v; want false, nil", ok, err)
 		}
-		if err := b.Resign(ctx); !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("Resign while a Campaign waits: %v, want DeadlineExceeded", err)
+		if err := b.Proclaim(ctx, "b"); !errors.Is(err, ErrNotLeader) {
+			t.Fatalf("Proclaim while a Campaign waits: %v, want ErrNotLeader", err)
 		}
-		if err := a.Resign(testCtx(t)); err != nil {
-			t.Fatal(err)
+		if err := b.Resign(ctx); err != nil {
+			t.Fatalf("Resign while a Campaign waits: %v", err)
 		}
-		if r := etWait(t, res); r.err != nil || !b.IsLeader() {
-			t.Fatalf("Campaign: %v, IsLeader %v", r.err, b.IsLeader())
+		if r := etWait(t, res); !errors.Is(r.err, ErrResigned) {
+			t.Fatalf("Campaign withdrawn by Resign: %v, want ErrResigned", r.err)
+		}
+		etWaitCount(t, cli, bKey, 0)
+		if b.Err() != nil {
+			t.Fatalf("Err without a leadership: %v", b.Err())
+		}
+		if !a.IsLeader() {
+			t.Fatal("a no longer leads")
 		}
 	})
 	t.Run("Campaign leaves no key behind when its put lands after its ctx ended", func(t *testing.T) {
@@ -646,9 +699,14 @@ func TestElectionCampaign(t *testing.T) {
 		p.Pause()
 		ctx, cancel := context.WithTimeout(testCtx(t), 200*time.Millisecond)
 		defer cancel()
+		start := time.Now()
 		err := e.Campaign(ctx, "a")
 		if !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("Campaign: %v, want DeadlineExceeded", err)
+		}
+		// It returns at its ctx; the withdrawal goes on in the background.
+		if took := time.Since(start); took > 200*time.Millisecond+100*time.Millisecond*scale {
+			t.Fatalf("Campaign returned %v after it was called, its ctx was 200ms", took)
 		}
 		// It could not withdraw the key: it gave up the session instead.
 		etClosed(t, old.ctx.Done(), "the session")
@@ -753,26 +811,29 @@ func TestElectionResign(t *testing.T) {
 			t.Fatalf("%d candidates, want 0", n)
 		}
 	})
-	t.Run("Resign that cannot reach etcd fails and we still lead", func(t *testing.T) {
+	t.Run("Resign that cannot reach etcd ends our leadership at once; the key goes with the session once etcd answers", func(t *testing.T) {
 		srv, cli := newEtcd(t)
 		p := srv.NewProxy(t)
 		e := etElection(t, p.NewClient(t), ElectionOptions{})
 		etCampaign(t, e, "a")
+		key, done, sess := e.current().key, e.Done(), etSession(e)
 		p.Blackhole()
-		defer p.Unblackhole()
 		ctx, cancel := context.WithTimeout(testCtx(t), 200*time.Millisecond)
 		defer cancel()
+		start := time.Now()
 		if err := e.Resign(ctx); !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("Resign: %v, want DeadlineExceeded", err)
 		}
-		if !e.IsLeader() {
-			t.Fatal("a failed Resign ended leadership")
+		if took := time.Since(start); took > 200*time.Millisecond+100*time.Millisecond*scale {
+			t.Fatalf("Resign returned %v after it was called, its ctx was 200ms", took)
 		}
-		if n := len(etCands(t, cli)); n != 1 {
-			t.Fatalf("%d candidates, want 1", n)
+		etClosed(t, done, "Done")
+		if e.IsLeader() || !errors.Is(e.Err(), ErrResigned) {
+			t.Fatalf("after Resign: IsLeader %v, Err %v", e.IsLeader(), e.Err())
 		}
-		// Cut off, it steps down by itself.
-		etClosed(t, e.Done(), "Done of a leader cut off")
+		etClosed(t, sess.ctx.Done(), "the session")
+		p.Unblackhole()
+		etWaitCount(t, cli, key, 0)
 	})
 }
 
@@ -1025,6 +1086,14 @@ func TestElectionGuard(t *testing.T) {
 		etCampaign(t, e, "a")
 		if etGuarded(t, cli, g) || !etGuarded(t, cli, e.Guard()) {
 			t.Fatal("a guard held in the wrong term")
+		}
+		// A new identity proclaimed is the same term: Guard still holds.
+		g = e.Guard()
+		if err := e.Proclaim(testCtx(t), "a2"); err != nil {
+			t.Fatal(err)
+		}
+		if !etGuarded(t, cli, g) || !etGuarded(t, cli, e.Guard()) {
+			t.Fatal("Guard no longer holds after a Proclaim while leading")
 		}
 	})
 	t.Run("A Txn under Guard fails once the leader key is deleted", func(t *testing.T) {
@@ -1397,7 +1466,7 @@ func TestElectionPermissionDenied(t *testing.T) {
 		defer func() { lcancel(); etDrained(t, obs) }()
 		octx, ocancel := context.WithCancel(ctx)
 		short := e.Observe(octx)
-		rec.wait(t, "coord: observe: cannot list candidates")
+		rec.wait(t, "coord: observe: etcd refuses, retrying")
 		ocancel()
 		etDrained(t, short)
 		must(root.RoleGrantPermission(ctx, "cand", etPrefix, clientv3.GetPrefixRangeEnd(etPrefix),
@@ -1467,6 +1536,188 @@ func TestNewElection(t *testing.T) {
 		host, _ := os.Hostname()
 		if got, err := e.Leader(testCtx(t)); err != nil || got != host {
 			t.Fatalf("Leader = %q, %v; want %q", got, err, host)
+		}
+	})
+}
+
+func TestElectionContract(t *testing.T) {
+	t.Run("A session granted late is renewed at once, and the leadership gained on it lasts", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		p := srv.NewProxy(t)
+		ttl := time.Second * scale
+		hcli, hooks := etHookedClient(t, p.ClientConfig())
+		e := etElection(t, hcli, ElectionOptions{TTL: ttl})
+		old := etSession(e)
+		etRevoke(t, cli, old.id)
+		etClosed(t, old.ctx.Done(), "the revoked session")
+		// The next grant is held by the link for longer than 2/3 of the
+		// TTL, as in an outage, and the first renewal after it fails at
+		// once, as on a member that has no leader yet.
+		granting := make(chan time.Time, 1)
+		hooks.on("/etcdserverpb.Lease/LeaseGrant", func() { p.Pause(); granting <- time.Now() })
+		hooks.onErr("/etcdserverpb.Lease/LeaseKeepAlive", func() error { return rpctypes.ErrGRPCNoLeader })
+		res := etCampaignAsync(testCtx(t), e, "a")
+		sent := <-granting
+		<-time.After(time.Until(sent.Add(2*ttl/3 + 100*time.Millisecond)))
+		p.Unpause()
+		if r := etWait(t, res); r.err != nil {
+			t.Fatalf("Campaign: %v", r.err)
+		}
+		l := e.current()
+		if l == nil {
+			t.Fatal("Campaign returned nil but we do not lead")
+		}
+		etUntil(t, "a renewal answered", func() bool { return l.sess.k.lastAnswer().After(sent) })
+		etOpen(t, l.ctx.Done(), "Done of the leadership on the late session")
+		if !e.IsLeader() || !etGuarded(t, cli, e.Guard()) {
+			t.Fatal("the leadership on the late session did not last")
+		}
+	})
+	t.Run("A Campaign whose ctx ends while its late session awaits its first renewal returns at once and leaves no key", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		p := srv.NewProxy(t)
+		ttl := time.Second * scale
+		hcli, hooks := etHookedClient(t, p.ClientConfig())
+		tap, log := newLogTap()
+		e := etElection(t, hcli, ElectionOptions{TTL: ttl, Logger: log})
+		old := etSession(e)
+		etRevoke(t, cli, old.id)
+		etClosed(t, old.ctx.Done(), "the revoked session")
+		granting := make(chan time.Time, 1)
+		hooks.on("/etcdserverpb.Lease/LeaseGrant", func() { p.Pause(); granting <- time.Now() })
+		release := make(chan struct{})
+		defer close(release)
+		hooks.onErr("/etcdserverpb.Lease/LeaseKeepAlive", func() error { <-release; return rpctypes.ErrGRPCNoLeader })
+		ctx, cancel := context.WithCancel(testCtx(t))
+		res := etCampaignAsync(ctx, e, "a")
+		sent := <-granting
+		<-time.After(time.Until(sent.Add(2*ttl/3 + 100*time.Millisecond)))
+		p.Unpause()
+		tap.wait(t, "coord: campaign waits for its session's first renewal", 1)
+		cancel()
+		cancelled := time.Now()
+		r := etWait(t, res)
+		if !errors.Is(r.err, context.Canceled) {
+			t.Fatalf("Campaign: %v, want context.Canceled", r.err)
+		}
+		if took := r.at.Sub(cancelled); took > 100*time.Millisecond*scale {
+			t.Fatalf("Campaign returned %v after its ctx ended", took)
+		}
+		etWaitCount(t, cli, etPrefix, 0, clientv3.WithPrefix())
+	})
+	t.Run("TryCampaign and Campaign that cannot get a session return within their ctx", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		p := srv.NewProxy(t)
+		e := etElection(t, p.NewClient(t), ElectionOptions{TTL: time.Second})
+		old := etSession(e)
+		etRevoke(t, cli, old.id)
+		etClosed(t, old.ctx.Done(), "the revoked session")
+		p.Blackhole()
+		defer p.Unblackhole()
+		for _, try := range []bool{true, false} {
+			ctx, cancel := context.WithTimeout(testCtx(t), 200*time.Millisecond)
+			start := time.Now()
+			var err error
+			if try {
+				_, err = e.TryCampaign(ctx, "a")
+			} else {
+				err = e.Campaign(ctx, "a")
+			}
+			took := time.Since(start)
+			cancel()
+			if !errors.Is(err, context.DeadlineExceeded) || strings.Count(err.Error(), "coord:") != 1 {
+				t.Fatalf("try %v: %v, want DeadlineExceeded with one \"coord:\"", try, err)
+			}
+			if took > 200*time.Millisecond+100*time.Millisecond*scale {
+				t.Fatalf("try %v returned %v after it was called, its ctx was 200ms", try, took)
+			}
+		}
+	})
+	t.Run("A candidate put whose answer is lost is withdrawn, and the session lives on", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		hcli, hooks := etHookedClient(t, srv.ClientConfig())
+		e := etElection(t, hcli, ElectionOptions{})
+		s := etSession(e)
+		hooks.loseAnswer("/etcdserverpb.KV/Txn")
+		if ok, err := e.TryCampaign(testCtx(t), "a"); ok || err == nil {
+			t.Fatalf("TryCampaign with its answer lost = %v, %v; want an error", ok, err)
+		}
+		if n := len(etCands(t, cli)); n != 0 {
+			t.Fatalf("%d candidates left, want 0", n)
+		}
+		if s.ctx.Err() != nil || etSession(e) != s {
+			t.Fatalf("the session ended (%v): the key was not withdrawn by itself", s.Err())
+		}
+	})
+	t.Run("a second Campaign of one Election waits for the first, within its own ctx", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		a := etElection(t, cli, ElectionOptions{})
+		b := etElection(t, srv.NewClient(t), ElectionOptions{})
+		etCampaign(t, a, "a")
+		res := etCampaignAsync(testCtx(t), b, "b")
+		etWaitCount(t, cli, etPrefix, 2, clientv3.WithPrefix())
+		ctx, cancel := context.WithTimeout(testCtx(t), 200*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		if err := b.Campaign(ctx, "b2"); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("second Campaign: %v, want DeadlineExceeded", err)
+		}
+		if took := time.Since(start); took > 200*time.Millisecond+100*time.Millisecond*scale {
+			t.Fatalf("second Campaign returned after %v, its ctx was 200ms", took)
+		}
+		if err := a.Resign(testCtx(t)); err != nil {
+			t.Fatal(err)
+		}
+		if r := etWait(t, res); r.err != nil || !b.IsLeader() {
+			t.Fatalf("first Campaign: %v, IsLeader %v", r.err, b.IsLeader())
+		}
+	})
+	t.Run("a Campaign whose ctx ends as it meets another error returns both", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		hcli, hooks := etHookedClient(t, srv.ClientConfig())
+		e := etElection(t, hcli, ElectionOptions{})
+		old := etSession(e)
+		etRevoke(t, cli, old.id)
+		etClosed(t, old.ctx.Done(), "the revoked session")
+		ctx, cancel := context.WithCancel(testCtx(t))
+		defer cancel()
+		// etcd refuses the grant for now (retried after a backoff of at
+		// least 25 ms); ctx ends during that backoff.
+		hooks.onErr("/etcdserverpb.Lease/LeaseGrant", func() error {
+			time.AfterFunc(10*time.Millisecond, cancel)
+			return rpctypes.ErrGRPCRequestTooManyRequests
+		})
+		err := e.Campaign(ctx, "a")
+		if !errors.Is(err, context.Canceled) || !errors.Is(err, rpctypes.ErrTooManyRequests) {
+			t.Fatalf("Campaign: %v, want context.Canceled and the grant's error", err)
+		}
+	})
+	t.Run("Err says why the latest leadership ended", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		e := etElection(t, cli, ElectionOptions{})
+		if e.Err() != nil {
+			t.Fatalf("Err before any leadership: %v", e.Err())
+		}
+		etCampaign(t, e, "a")
+		if e.Err() != nil {
+			t.Fatalf("Err while leading: %v", e.Err())
+		}
+		etRevoke(t, cli, etSession(e).id)
+		etClosed(t, e.Done(), "Done")
+		if err := e.Err(); !errors.Is(err, ErrLeadershipLost) {
+			t.Fatalf("Err after the lease was revoked: %v, want ErrLeadershipLost", err)
+		}
+		etCampaign(t, e, "a")
+		if err := e.Resign(testCtx(t)); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Err(); !errors.Is(err, ErrResigned) {
+			t.Fatalf("Err after Resign: %v, want ErrResigned", err)
+		}
+		etCampaign(t, e, "a")
+		e.Close()
+		if err := e.Err(); !errors.Is(err, ErrClosed) {
+			t.Fatalf("Err after Close: %v, want ErrClosed", err)
 		}
 	})
 }

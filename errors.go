@@ -9,6 +9,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // Sentinel errors. Errors returned by coord wrap them (test with errors.Is)
@@ -25,8 +26,8 @@ var (
 	// ErrInvalidTTL is returned for a TTL that is negative or not a whole
 	// number of seconds.
 	ErrInvalidTTL = errors.New("coord: invalid TTL")
-	// ErrInvalidBuffer is returned for a negative WatcherOptions.Buffer or
-	// MaxBacklog.
+	// ErrInvalidBuffer is returned for a negative WatcherOptions.Buffer,
+	// MaxBacklog or PageSize.
 	ErrInvalidBuffer = errors.New("coord: invalid buffer size")
 	// ErrHostExists is returned when the host key is held by another live
 	// lease, and is the Err of a registration that was taken over.
@@ -43,6 +44,18 @@ var (
 	// ErrLeadershipLost is returned by Campaign when our candidacy ended
 	// (session expired, key deleted) before we became leader.
 	ErrLeadershipLost = errors.New("coord: leadership lost")
+	// ErrResigned is why a leadership ended after Resign, and what a
+	// Campaign withdrawn by Resign returns (wrapped).
+	ErrResigned = errors.New("coord: resigned")
+	// ErrInUse is returned by ElectionPool.Election for a key whose
+	// Election is held by another caller until its Close.
+	ErrInUse = errors.New("coord: election in use")
+	// ErrInvalidKeysPerSession is returned for a negative
+	// PoolOptions.KeysPerSession or ShardOptions.KeysPerSession.
+	ErrInvalidKeysPerSession = errors.New("coord: invalid keys per session")
+	// ErrInvalidShards is returned for ShardOptions whose Shards, Self or
+	// Run are missing or invalid.
+	ErrInvalidShards = errors.New("coord: invalid shards")
 )
 
 // fatal returns the error that ends the caller's work for good when err
@@ -60,6 +73,11 @@ func fatal(ctx context.Context, cli *clientv3.Client, err error) error {
 	if ee, ok := etcdError(err); ok && (ee.Code() == codes.PermissionDenied || ee.Code() == codes.InvalidArgument) {
 		return ee
 	}
+	// A message larger than etcd takes never passes; "too many requests"
+	// (the same code) does, later.
+	if status.Code(err) == codes.ResourceExhausted && !errors.Is(rpctypes.Error(err), rpctypes.ErrTooManyRequests) {
+		return err
+	}
 	return nil
 }
 
@@ -72,12 +90,23 @@ func etcdError(err error) (rpctypes.EtcdError, bool) {
 	return ee, ok
 }
 
-// opErr wraps err, from an etcd call, with what was being done. The etcd
+// opErr is what an exported entry point returns: what it was doing, and
+// the cause, wrapped. The message says "coord:" once: the cause's own
+// leading "coord: " (a sentinel's) is dropped from the text. The etcd
 // client returns the call's ctx's own error when that ctx ended, so
 // errors.Is(err, ctx.Err()) holds then.
-func opErr(what string, err error) error {
-	return fmt.Errorf("coord: %s: %w", what, err)
+func opErr(what string, err error) error { return &opError{what: what, err: err} }
+
+type opError struct {
+	what string
+	err  error
 }
+
+func (e *opError) Error() string {
+	return "coord: " + e.what + ": " + strings.TrimPrefix(e.err.Error(), "coord: ")
+}
+
+func (e *opError) Unwrap() error { return e.err }
 
 // clientCtx returns ctx, also ended when the client is closed: the etcd
 // client otherwise retries a call on a closed connection for seconds.

@@ -306,18 +306,27 @@ func ExampleElectionPool() {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
-	// One pool per agent: one long-lived session per key, owned by the pool.
-	pool := coord.NewElectionPool(cli, coord.PoolOptions{TTL: time.Second, Identity: "node-1"})
+	// One pool per agent: its elections share its sessions (up to
+	// KeysPerSession keys on one lease), owned by the pool.
+	pool, err := coord.NewElectionPool(cli, coord.PoolOptions{TTL: time.Second, Identity: "node-1"})
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer pool.Close()
-	other := coord.NewElectionPool(cli, coord.PoolOptions{TTL: time.Second, Identity: "node-2"})
+	other, err := coord.NewElectionPool(cli, coord.PoolOptions{TTL: time.Second, Identity: "node-2"})
+	if err != nil {
+		log.Fatal(err)
+	}
 	defer other.Close()
 
 	keys := []string{"/coord/elections/billing", "/coord/elections/scheduler"}
+	held := map[string]*coord.Election{}
 	for _, key := range keys {
 		e, err := pool.Election(ctx, key)
 		if err != nil {
 			log.Fatal(err)
 		}
+		held[key] = e
 		won, err := e.TryCampaign(ctx, "") // "" proclaims the pool's Identity
 		if err != nil {
 			log.Fatal(err)
@@ -338,40 +347,32 @@ func ExampleElectionPool() {
 	}
 	fmt.Println("node-2 leads", keys[1]+":", won, "- leader is", leader)
 
-	// The same Election for the same key; its own Close does nothing.
-	e, err := pool.Election(ctx, keys[1])
-	if err != nil {
-		log.Fatal(err)
-	}
-	again, err := pool.Election(ctx, keys[1])
-	if err != nil {
-		log.Fatal(err)
-	}
-	e.Close()
-	fmt.Println("same election:", e == again, "still leading:", e.IsLeader())
+	// One holder per key, until its Close.
+	_, err = pool.Election(ctx, keys[1])
+	fmt.Println("held:", errors.Is(err, coord.ErrInUse))
 	st := pool.Stats()
-	fmt.Printf("sessions=%d leading=%d ttl=%v\n", st.Sessions, st.Leading, st.TTL)
+	fmt.Printf("elections=%d sessions=%d leading=%d ttl=%v\n", st.Elections, st.Sessions, st.Leading, st.TTL)
 
-	// The pool's Close resigns and releases every pooled election.
+	// Close resigns and releases the key: the other agent can lead it.
+	held[keys[1]].Close()
+	if err := e2.Campaign(ctx, ""); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("node-2 leads", keys[1]+":", e2.IsLeader())
+
+	// The pool's Close closes every election and revokes its sessions.
 	if err := pool.Close(); err != nil {
 		log.Fatal(err)
 	}
-	_, err = pool.Election(ctx, keys[1])
-	fmt.Println("closed:", pool.Stats().Closed, "still leading:", e.IsLeader(), "ErrClosed:", errors.Is(err, coord.ErrClosed))
-	_, err = e2.Leader(ctx)
-	fmt.Println("no leader:", errors.Is(err, coord.ErrNoLeader))
-	if won, err = e2.TryCampaign(ctx, ""); err != nil {
-		log.Fatal(err)
-	}
-	fmt.Println("node-2 leads", keys[1]+":", won)
+	_, err = pool.Election(ctx, keys[0])
+	fmt.Println("closed:", pool.Stats().Closed, "still leading:", held[keys[0]].IsLeader(), "ErrClosed:", errors.Is(err, coord.ErrClosed))
 
 	// Output:
 	// node-1 leads /coord/elections/billing: true
 	// node-1 leads /coord/elections/scheduler: true
 	// node-2 leads /coord/elections/scheduler: false - leader is node-1
-	// same election: true still leading: true
-	// sessions=2 leading=2 ttl=1s
-	// closed: true still leading: false ErrClosed: true
-	// no leader: true
+	// held: true
+	// elections=2 sessions=1 leading=2 ttl=1s
 	// node-2 leads /coord/elections/scheduler: true
+	// closed: true still leading: false ErrClosed: true
 }

@@ -5,13 +5,18 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/go-coord/coord/coordtest"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+
+	"github.com/go-coord/coord/coordtest"
 )
 
 // Fault tests: each injects a fault the way real clusters fail and checks
@@ -315,4 +320,111 @@ func must[T any](v T, err error) T {
 		panic(err)
 	}
 	return v
+}
+
+// fcCountingClient returns a client made from cfg that counts the
+// LeaseKeepAlive streams it opens, closed at the end of the test.
+func fcCountingClient(t *testing.T, cfg clientv3.Config) (*clientv3.Client, *atomic.Int64) {
+	t.Helper()
+	var opened atomic.Int64
+	cfg.DialOptions = append(slices.Clone(cfg.DialOptions),
+		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn,
+			method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+			if method == "/etcdserverpb.Lease/LeaseKeepAlive" {
+				opened.Add(1)
+			}
+			return streamer(ctx, desc, cc, method, opts...)
+		}))
+	c, err := clientv3.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c, &opened
+}
+
+// fcRenewed waits until every keeper has had a renewal answered after since.
+func fcRenewed(t *testing.T, since time.Time, ks ...*keeper) {
+	t.Helper()
+	etUntil(t, "renewals answered", func() bool {
+		for _, k := range ks {
+			if !k.lastAnswer().After(since) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func TestFaultRenewalStream(t *testing.T) {
+	t.Run("every lease of a client is renewed over one stream", func(t *testing.T) {
+		srv, _ := newEtcd(t)
+		cli, opened := fcCountingClient(t, srv.ClientConfig())
+		tap, log := newLogTap()
+		h := register(t, cli, "a", LivenessOptions{TTL: time.Second, Logger: log})
+		a := etElection(t, cli, ElectionOptions{Key: etKey + "-a", TTL: time.Second})
+		b := etElection(t, cli, ElectionOptions{Key: etKey + "-b", TTL: time.Second})
+		p := ptPool(t, cli, PoolOptions{TTL: time.Second, KeysPerSession: 2})
+		var ks []*keeper
+		for _, e := range []*Election{a, b, ptElection(t, p, etKey+"-c"), ptElection(t, p, etKey+"-d"), ptElection(t, p, etKey+"-e")} {
+			etCampaign(t, e, "x")
+			ks = append(ks, e.current().sess.k)
+		}
+		// Three renewal periods of every lease: the registration's, two
+		// elections' and the pool's two shared sessions.
+		for range 3 {
+			fcRenewed(t, time.Now(), ks...)
+		}
+		if n := opened.Load(); n != 1 {
+			t.Fatalf("%d LeaseKeepAlive streams opened, want 1", n)
+		}
+		if n := tap.count("coord: lease renewals unanswered"); n != 0 || h.Err() != nil {
+			t.Fatalf("%d stale leases, registration %v", n, h.Err())
+		}
+	})
+	t.Run("a stream broken mid-flight is reopened without losing a lease or a leadership", func(t *testing.T) {
+		srv, _ := newEtcd(t)
+		px := srv.NewProxy(t)
+		cli, opened := fcCountingClient(t, px.ClientConfig())
+		ttl := 3 * time.Second * scale
+		e := etElection(t, cli, ElectionOptions{TTL: ttl})
+		etCampaign(t, e, "a")
+		l := e.current()
+		// Right after an answer, with a try due a third of the TTL later:
+		// the link is cut and its connections reset, in the middle of the
+		// next renewal.
+		last := l.sess.k.lastAnswer()
+		fcRenewed(t, last, l.sess.k)
+		px.Blackhole()
+		etUntil(t, "a renewal sent into the cut", func() bool { return time.Since(l.sess.k.lastAnswer()) > ttl/3+ttl/10 })
+		px.Unblackhole()
+		cut := time.Now()
+		fcRenewed(t, cut, l.sess.k)
+		if n := opened.Load(); n != 2 {
+			t.Fatalf("%d LeaseKeepAlive streams opened, want 2 (one reopened)", n)
+		}
+		etOpen(t, l.ctx.Done(), "Done of the leadership across the reopened stream")
+		if !e.IsLeader() || e.Token() != l.rev {
+			t.Fatal("the leadership did not survive the reopened stream")
+		}
+	})
+	t.Run("a try that finds the stream being opened waits for it within its own time", func(t *testing.T) {
+		srv, _ := newEtcd(t)
+		cli, hooks := etHookedClient(t, srv.ClientConfig())
+		tap, log := newLogTap()
+		release := make(chan struct{})
+		var once sync.Once
+		free := func() { once.Do(func() { close(release) }) }
+		defer free()
+		hooks.on("/etcdserverpb.Lease/LeaseKeepAlive", func() { <-release })
+		ttl := time.Second * scale
+		a := etElection(t, cli, ElectionOptions{Key: etKey + "-a", TTL: ttl, Logger: log})
+		b := etElection(t, cli, ElectionOptions{Key: etKey + "-b", TTL: ttl, Logger: log})
+		// The first try holds the opening; the other gives up after its
+		// sixth of the TTL, and tries again.
+		tap.wait(t, "coord: lease renewal failed", 1)
+		free()
+		ks := []*keeper{etSession(a).k, etSession(b).k}
+		fcRenewed(t, time.Now(), ks...)
+	})
 }

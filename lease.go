@@ -8,39 +8,67 @@ import (
 	"sync"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // keeper renews one lease on its own schedule, a third of the TTL after
-// each answered renewal, and says when the lease is gone or has gone
-// unanswered for too long. The etcd client's KeepAlive renews on a 500ms
-// tick and only gives up after a whole TTL: too coarse for a leader that
-// must step down before etcd expires its lease.
+// each answered renewal, over its client's one renewal stream (renewer),
+// and says when the lease is gone or has gone unanswered for too long. The
+// etcd client's KeepAlive renews on a 500ms tick and only gives up after a
+// whole TTL: too coarse for a leader that must step down before etcd
+// expires its lease.
+//
+// Staleness is judged on the clock, not by the renewal tries: etcd keeps
+// the lease at least a TTL after it received the last request it answered,
+// so the lease is ours for sure until that request's send time + 2/3 TTL
+// (a third of the TTL is left as margin for etcd's expiry and clock rates).
+// Past that point the keeper is stale for good, whatever a try in flight
+// later says: a timer marks it, and valid checks again at each call, so
+// that a process paused past the point never acts on a lease it may have
+// lost.
 type keeper struct {
 	cli *clientv3.Client
+	r   *renewer
 	id  clientv3.LeaseID
 	ttl time.Duration
 	log *slog.Logger
 
-	cancel    context.CancelFunc
-	lost      context.Context // ended by run when the lease is gone for good; err says why
-	endLost   context.CancelFunc
-	stale     chan struct{} // closed by run once renewals went unanswered for 2/3 of the TTL
-	done      chan struct{} // closed when run returns
-	err       error
-	staleOnce sync.Once
+	cancel  context.CancelFunc
+	lost    context.Context // ended by run when the lease is gone for good; err says why
+	endLost context.CancelFunc
+	stale   chan struct{} // closed once renewals went unanswered for 2/3 of the TTL
+	done    chan struct{} // closed when run returns
+	err     error
+
+	mu       sync.Mutex
+	answered time.Time     // send time of the last request etcd answered
+	live     bool          // answered is recent enough to vouch for the lease
+	grace    time.Time     // while !live: when a late grant's first renewal is due an answer
+	isStale  bool          // stale is closed
+	fresh    chan struct{} // closed and replaced at each answer
+	timer    *time.Timer   // marks staleness on time
+	stopped  bool
 }
 
 // startKeeper renews lease id, granted with ttl by a request sent at sent.
+// A grant answered so late that its lease may already be near expiry (as
+// after an outage) is renewed at once, and is given a third of the TTL for
+// that renewal to be answered before it is stale.
 func startKeeper(cli *clientv3.Client, id clientv3.LeaseID, ttl time.Duration, sent time.Time, log *slog.Logger) *keeper {
 	ctx, cancel := context.WithCancel(context.Background())
+	now := time.Now()
 	k := &keeper{
-		cli: cli, id: id, ttl: ttl, log: log, cancel: cancel,
-		stale: make(chan struct{}), done: make(chan struct{}),
+		cli: cli, r: acquireRenewer(cli), id: id, ttl: ttl, log: log, cancel: cancel,
+		stale: make(chan struct{}), done: make(chan struct{}), fresh: make(chan struct{}),
+		answered: sent, live: now.Before(sent.Add(2 * ttl / 3)), grace: now.Add(ttl / 3),
 	}
 	k.lost, k.endLost = context.WithCancel(context.Background())
-	go k.run(ctx, sent)
+	k.mu.Lock()
+	k.timer = time.AfterFunc(time.Until(k.deadlineLocked()), k.checkStale)
+	k.mu.Unlock()
+	go k.run(ctx)
 	return k
 }
 
@@ -48,48 +76,43 @@ func startKeeper(cli *clientv3.Client, id clientv3.LeaseID, ttl time.Duration, s
 func (k *keeper) stop() {
 	k.cancel()
 	<-k.done
+	k.r.release()
+	k.mu.Lock()
+	k.stopped = true
+	k.timer.Stop()
+	k.mu.Unlock()
 	k.endLost()
 }
 
-func (k *keeper) run(ctx context.Context, renewed time.Time) {
+func (k *keeper) run(ctx context.Context) {
 	defer close(k.done)
 	var r retry
-	wait := time.Until(renewed.Add(k.ttl / 3))
+	wait := time.Until(k.lastAnswer().Add(k.ttl / 3))
 	for sleep(ctx, wait) {
-		// etcd renewed the lease after we sent the request, so the lease
-		// lives at least until sent+TTL: measure from the send.
 		sent := time.Now()
-		deadline := renewed.Add(2 * k.ttl / 3)
-		if !deadline.After(sent) {
-			// Already stale: give each try a third of the TTL.
-			deadline = sent.Add(k.ttl / 3)
-		}
-		// A member cut off from its peers cannot renew: with
-		// WithRequireLeader it says so at once instead of holding the try
-		// for its whole deadline, and the next try goes to another member.
-		rctx, cancel := context.WithDeadline(clientv3.WithRequireLeader(ctx), deadline)
-		_, err := k.cli.KeepAliveOnce(rctx, k.id)
+		// Two tries fit in the third of the TTL between a renewal due and
+		// staleness: one that hangs does not use up the whole window.
+		rctx, cancel := context.WithTimeout(ctx, k.ttl/6)
+		err := k.r.renew(rctx, k.id)
 		cancel()
 		if err == nil {
-			renewed, r = sent, retry{}
-			wait = time.Until(renewed.Add(k.ttl / 3))
+			k.answer(sent)
+			r = retry{}
+			wait = time.Until(sent.Add(k.ttl / 3))
 			continue
 		}
 		if ctx.Err() != nil {
 			return
 		}
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			k.end(fmt.Errorf("coord: lease %x expired or revoked", int64(k.id)))
+			k.end(fmt.Errorf("lease %x expired or revoked", int64(k.id)))
 			return
 		}
 		if k.cli.Ctx().Err() != nil {
 			k.end(ErrClientClosed)
 			return
 		}
-		if time.Since(renewed) >= 2*k.ttl/3 {
-			k.markStale()
-		}
-		k.log.Debug("coord: lease renewal failed", "lease", fmt.Sprintf("%x", int64(k.id)), "err", err)
+		k.log.Debug("coord: lease renewal failed", "lease", hexID(k.id), "err", err)
 		// Several tries must fit in what is left of the TTL: a try that
 		// fails fast (a member without leader) is worth repeating soon,
 		// on another member.
@@ -97,11 +120,77 @@ func (k *keeper) run(ctx context.Context, renewed time.Time) {
 	}
 }
 
-func (k *keeper) markStale() {
-	k.staleOnce.Do(func() {
-		k.log.Warn("coord: lease renewals unanswered", "lease", fmt.Sprintf("%x", int64(k.id)), "ttl", k.ttl)
-		close(k.stale)
-	})
+// answer records that etcd answered a renewal sent at sent.
+func (k *keeper) answer(sent time.Time) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.live && !sent.Before(k.answered.Add(2*k.ttl/3)) {
+		// Sent after the lease could no longer be vouched for: the
+		// lapse stands, though etcd renewed the lease.
+		k.markStaleLocked()
+	}
+	k.answered, k.live = sent, true
+	close(k.fresh)
+	k.fresh = make(chan struct{})
+}
+
+// deadlineLocked returns when the keeper turns stale without an answer.
+func (k *keeper) deadlineLocked() time.Time {
+	if !k.live {
+		return k.grace
+	}
+	return k.answered.Add(2 * k.ttl / 3)
+}
+
+// checkStale runs on the timer: it marks the keeper stale once its
+// deadline has passed, or waits for the deadline an answer moved.
+func (k *keeper) checkStale() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if !k.lapsedLocked() && !k.stopped {
+		k.timer.Reset(time.Until(k.deadlineLocked()))
+	}
+}
+
+// valid reports whether the lease is vouched for now, judged on the
+// monotonic clock at the call: a lapse found here marks the keeper stale
+// at once, before the timer says so.
+func (k *keeper) valid() bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return !k.lapsedLocked() && k.live
+}
+
+// lapsedLocked marks the keeper stale once its deadline has passed, and
+// reports whether it is stale.
+func (k *keeper) lapsedLocked() bool {
+	if !time.Now().Before(k.deadlineLocked()) {
+		k.markStaleLocked()
+	}
+	return k.isStale
+}
+
+// renewed returns a channel closed at the next answer.
+func (k *keeper) renewed() <-chan struct{} {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.fresh
+}
+
+// lastAnswer returns the send time of the last request etcd answered.
+func (k *keeper) lastAnswer() time.Time {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.answered
+}
+
+func (k *keeper) markStaleLocked() {
+	if k.isStale || k.stopped {
+		return
+	}
+	k.isStale = true
+	k.log.Warn("coord: lease renewals unanswered", "lease", hexID(k.id), "ttl", k.ttl)
+	close(k.stale)
 }
 
 func (k *keeper) end(err error) {
@@ -109,49 +198,218 @@ func (k *keeper) end(err error) {
 	k.endLost()
 }
 
+// renewer renews, over one long-lived LeaseKeepAlive stream of a client,
+// every lease coord holds on that client: registrations, elections and
+// pool sessions alike. A renewal is one request on the stream, its answer
+// the next response for that lease (etcd answers a stream's requests in
+// order), so each keeper knows when the request it was answered for was
+// sent. A broken stream fails the tries in flight and is opened again by
+// the next try, with WithRequireLeader: a member cut off from its peers
+// ends the stream at once, and the next one goes to another member.
+type renewer struct {
+	cli  *clientv3.Client
+	refs int // keepers using it; guarded by renewers.mu
+
+	mu      sync.Mutex
+	stream  *renewStream  // nil until the next try opens one
+	opening chan struct{} // closed when an opening under way ends
+}
+
+// renewStream is one LeaseKeepAlive stream and the tries waiting for its
+// answers, per lease in the order they were sent.
+type renewStream struct {
+	pb      pb.Lease_LeaseKeepAliveClient
+	cancel  context.CancelFunc
+	done    chan struct{} // closed when its receiver returns: the stream broke
+	err     error         // why it broke; set before done is closed
+	sendMu  sync.Mutex
+	mu      sync.Mutex
+	waiting map[clientv3.LeaseID][]chan error
+}
+
+// renewers holds the renewer of each client that has leases of coord's.
+var renewers = struct {
+	mu sync.Mutex
+	m  map[*clientv3.Client]*renewer
+}{m: map[*clientv3.Client]*renewer{}}
+
+// acquireRenewer returns the client's renewer, counting one more user.
+func acquireRenewer(cli *clientv3.Client) *renewer {
+	renewers.mu.Lock()
+	defer renewers.mu.Unlock()
+	r := renewers.m[cli]
+	if r == nil {
+		r = &renewer{cli: cli}
+		renewers.m[cli] = r
+	}
+	r.refs++
+	return r
+}
+
+// release counts one user less; the last one closes the stream.
+func (r *renewer) release() {
+	renewers.mu.Lock()
+	r.refs--
+	last := r.refs == 0
+	if last {
+		delete(renewers.m, r.cli)
+	}
+	renewers.mu.Unlock()
+	if !last {
+		return
+	}
+	r.mu.Lock()
+	st := r.stream
+	r.stream = nil
+	r.mu.Unlock()
+	if st != nil {
+		st.cancel()
+		<-st.done
+	}
+}
+
+// renew sends one renewal of id and waits for its answer: nil once etcd
+// renewed the lease, an error wrapping rpctypes.ErrLeaseNotFound once the
+// lease is gone, or why the stream or ctx ended first. A try given up by
+// ctx keeps its place: its answer, if it comes, is not taken for another's.
+func (r *renewer) renew(ctx context.Context, id clientv3.LeaseID) error {
+	st, err := r.open(ctx)
+	if err != nil {
+		return err
+	}
+	ch := make(chan error, 1)
+	st.mu.Lock()
+	st.waiting[id] = append(st.waiting[id], ch)
+	st.mu.Unlock()
+	// A failed send breaks the stream: its receiver returns then.
+	st.sendMu.Lock()
+	_ = st.pb.Send(&pb.LeaseKeepAliveRequest{ID: int64(id)})
+	st.sendMu.Unlock()
+	select {
+	case err := <-ch:
+		return err
+	case <-st.done:
+		return st.err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// open returns the live stream, opening one (bounded by ctx) if there is
+// none. One caller opens; the others wait for it, within their ctx.
+func (r *renewer) open(ctx context.Context) (*renewStream, error) {
+	for {
+		r.mu.Lock()
+		st, opening := r.stream, r.opening
+		if st == nil && opening == nil {
+			r.opening = make(chan struct{})
+		}
+		r.mu.Unlock()
+		switch {
+		case st != nil:
+			return st, nil
+		case opening == nil:
+			return r.dial(ctx)
+		}
+		select {
+		case <-opening:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// dial opens a stream and publishes it; called by the one opener.
+func (r *renewer) dial(ctx context.Context) (*renewStream, error) {
+	sctx, cancel := context.WithCancel(clientv3.WithRequireLeader(context.Background()))
+	// The stream outlives ctx, but its opening must not.
+	stop := context.AfterFunc(ctx, cancel)
+	s, err := pb.NewLeaseClient(r.cli.ActiveConnection()).LeaseKeepAlive(sctx)
+	stopped := stop()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	close(r.opening)
+	r.opening = nil
+	if err != nil || !stopped {
+		cancel()
+		return nil, fmt.Errorf("open renewal stream: %w", errors.Join(err, ctx.Err()))
+	}
+	st := &renewStream{pb: s, cancel: cancel, done: make(chan struct{}), waiting: map[clientv3.LeaseID][]chan error{}}
+	r.stream = st
+	go r.receive(st)
+	return st, nil
+}
+
+// receive hands each answer of st to the try it answers, until st
+// breaks; then it forgets st, and the tries still waiting on it fail.
+func (r *renewer) receive(st *renewStream) {
+	defer close(st.done)
+	for {
+		resp, err := st.pb.Recv()
+		if err != nil {
+			r.mu.Lock()
+			if r.stream == st {
+				r.stream = nil
+			}
+			r.mu.Unlock()
+			st.cancel()
+			st.err = fmt.Errorf("renewal stream: %w", err)
+			return
+		}
+		id := clientv3.LeaseID(resp.ID)
+		var answer error
+		if resp.TTL <= 0 {
+			answer = fmt.Errorf("renew lease %x: %w", resp.ID, rpctypes.ErrLeaseNotFound)
+		}
+		st.mu.Lock()
+		if chs := st.waiting[id]; len(chs) > 0 {
+			chs[0] <- answer
+			st.waiting[id] = chs[1:]
+			if len(chs) == 1 {
+				delete(st.waiting, id)
+			}
+		}
+		st.mu.Unlock()
+	}
+}
+
 // revoke revokes a lease, within ttl at most. A lease that is already gone
-// is not an error; on a closed client it fails at once.
+// is not an error, nor is a closed client: it sends nothing more, and the
+// lease is left to expire, as after a crash. (The client's connection
+// outlives its Close by a moment; a revoke sent then would still land.)
 func revoke(ctx context.Context, cli *clientv3.Client, id clientv3.LeaseID, ttl time.Duration) error {
-	// A closed client sends nothing more: as after a crash, the lease is
-	// left to expire. (The client's connection outlives its Close by a
-	// moment; a revoke sent then would still land.)
 	if cli.Ctx().Err() != nil {
-		return ErrClientClosed
+		return nil
 	}
 	ctx, cancel := clientCtx(ctx, cli)
 	defer cancel()
 	ctx, cancelT := context.WithTimeout(ctx, ttl)
 	defer cancelT()
-	_, err := cli.Revoke(ctx, id)
-	if err == nil || errors.Is(err, rpctypes.ErrLeaseNotFound) {
-		return nil
+	if _, err := cli.Revoke(ctx, id); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		return fmt.Errorf("revoke lease %x: %w", int64(id), err)
 	}
-	return opErr(fmt.Sprintf("revoke lease %x", int64(id)), err)
-}
-
-// revokeQuietly revokes a lease we no longer need, even after ctx ended,
-// bounded by ttl. Failure is only logged: the lease expires by itself.
-func revokeQuietly(ctx context.Context, cli *clientv3.Client, id clientv3.LeaseID, ttl time.Duration, log *slog.Logger) {
-	err := revoke(context.WithoutCancel(ctx), cli, id, ttl)
-	log.Debug("coord: revoked lease", "lease", hexID(id), "err", err)
+	return nil
 }
 
 // session is an election's lease. It ends when etcd says the lease is gone,
 // when renewals go unanswered for 2/3 of the TTL (so that a leader cut off
 // steps down before etcd can elect another), or when its parent ends; then
 // it revokes the lease, retrying until etcd answers, so that its keys go.
+// Its ctx's cause says why it ended.
 type session struct {
 	cli *clientv3.Client
 	id  clientv3.LeaseID
 	ttl time.Duration
 	log *slog.Logger
+	k   *keeper
 
 	parent context.Context // its owner's life
 	ctx    context.Context // done when the session has ended
-	cancel context.CancelFunc
-	mu     sync.Mutex
-	err    error
+	cancel context.CancelCauseFunc
 }
+
+// errUnanswered is why a session whose renewals went unanswered ended.
+var errUnanswered = errors.New("lease renewals unanswered")
 
 // startSession grants a lease (bounded by ctx) and keeps it until parent
 // ends; wg counts the session's goroutine.
@@ -163,29 +421,28 @@ func startSession(ctx, parent context.Context, cli *clientv3.Client, ttl time.Du
 	}
 	s := &session{cli: cli, id: g.ID, ttl: time.Duration(g.TTL) * time.Second, log: log.With("lease", hexID(g.ID))}
 	s.parent = parent
-	s.ctx, s.cancel = context.WithCancel(parent)
-	k := startKeeper(cli, g.ID, s.ttl, sent, s.log)
+	s.ctx, s.cancel = context.WithCancelCause(parent)
+	s.k = startKeeper(cli, g.ID, s.ttl, sent, s.log)
 	wg.Add(1)
-	go s.run(k, wg)
+	go s.run(wg)
 	return s, nil
 }
 
-func (s *session) run(k *keeper, wg *sync.WaitGroup) {
+func (s *session) run(wg *sync.WaitGroup) {
 	defer wg.Done()
 	select {
-	case <-k.lost.Done():
-		s.end(k.err)
-	case <-k.stale:
-		s.end(errors.New("coord: lease renewals unanswered"))
+	case <-s.k.lost.Done():
+		s.end(s.k.err)
+	case <-s.k.stale:
+		s.end(errUnanswered)
 	case <-s.ctx.Done():
-		s.end(ErrClosed)
 	}
-	k.stop()
+	s.k.stop()
 	var r retry
 	for {
 		err := revoke(context.Background(), s.cli, s.id, s.ttl)
 		// Once the parent has ended, one try is all: its owner is closing.
-		if err == nil || s.cli.Ctx().Err() != nil || !sleep(s.parent, r.next()) {
+		if err == nil || !sleep(s.parent, r.next()) {
 			s.log.Debug("coord: session released", "err", err)
 			return
 		}
@@ -193,21 +450,14 @@ func (s *session) run(k *keeper, wg *sync.WaitGroup) {
 }
 
 // end ends the session, recording why (the first reason wins).
-func (s *session) end(err error) {
-	s.mu.Lock()
-	if s.err == nil {
-		s.err = err
-	}
-	s.mu.Unlock()
-	s.cancel()
-}
+func (s *session) end(err error) { s.cancel(err) }
 
-// Err says why the session ended.
-func (s *session) Err() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.err
-}
+// Err says why the session ended; nil while it lives.
+func (s *session) Err() error { return context.Cause(s.ctx) }
+
+// valid reports whether the session lives and its lease is vouched for
+// now (see keeper.valid).
+func (s *session) valid() bool { return s.ctx.Err() == nil && s.k.valid() }
 
 // hexID formats a lease ID as etcd tools do.
 func hexID(id clientv3.LeaseID) string { return fmt.Sprintf("%x", int64(id)) }

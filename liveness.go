@@ -6,11 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // HostLiveness is a host's registration: a lease kept alive in the
@@ -18,21 +21,31 @@ import (
 // until Stop. It is safe for concurrent use.
 type HostLiveness struct {
 	cli    *clientv3.Client
+	id     string
 	key    string
 	reqTTL time.Duration
 	log    *slog.Logger
 	signal func(Signal)
 
+	life   context.Context // the loop's, ended by Stop
 	cancel context.CancelFunc
 	writes chan struct{} // a one-slot semaphore: one write of the key at a time
-	done   chan struct{} // closed by run when the registration ends for good
-	exited chan struct{} // closed when run returns
+	// done is closed when the registration has ended for good: by run when
+	// it ends by itself, by Stop's cleanup once that is over.
+	done   chan struct{}
+	exited chan struct{}  // closed when run returns
+	drops  sync.WaitGroup // revokes of leases granted and not needed
 
-	mu       sync.Mutex
-	meta     HostMetadata
-	lease    clientv3.LeaseID
-	ttl      time.Duration
-	err      error
+	mu      sync.Mutex
+	meta    HostMetadata  // the latest, which a heal writes
+	gen     uint64        // counts the metadata recorded
+	wrote   uint64        // gen of the metadata etcd holds on our lease
+	written chan struct{} // closed and replaced when wrote changes
+	lease   clientv3.LeaseID
+	ttl     time.Duration
+	cause   error // why the registration ended by itself
+	err     error // cause as Err reports it
+
 	stopOnce sync.Once
 	stopErr  error
 }
@@ -47,6 +60,7 @@ type registration struct {
 
 // RegisterHostLiveness registers meta at <prefix><meta.HostUUID> under a new
 // lease and keeps it alive until Stop. ctx bounds the registration only.
+// meta is copied: the caller may change or reuse it afterwards.
 //
 // If the key is held by another live lease, it waits for that lease's
 // remaining TTL plus etcd's expiry slack (bounded by ctx) and returns an
@@ -68,27 +82,39 @@ func RegisterHostLiveness(ctx context.Context, cli *clientv3.Client, meta HostMe
 	if err != nil {
 		return nil, err
 	}
+	life, cancel := context.WithCancel(context.Background())
 	h := &HostLiveness{
-		cli:    cli,
-		key:    prefix + meta.HostUUID,
-		reqTTL: ttl,
-		log:    logger(opts.Logger).With("host", meta.HostUUID),
-		signal: opts.OnSignal,
-		writes: make(chan struct{}, 1),
-		done:   make(chan struct{}),
-		exited: make(chan struct{}),
-		meta:   meta,
+		cli:     cli,
+		id:      meta.HostUUID,
+		key:     prefix + meta.HostUUID,
+		reqTTL:  ttl,
+		log:     logger(opts.Logger).With("host", meta.HostUUID),
+		signal:  opts.OnSignal,
+		life:    life,
+		cancel:  cancel,
+		writes:  make(chan struct{}, 1),
+		done:    make(chan struct{}),
+		exited:  make(chan struct{}),
+		meta:    cloneMeta(meta),
+		gen:     1,
+		written: make(chan struct{}),
 	}
 	reg, err := h.register(ctx, !opts.Takeover, opts.Takeover)
 	if err != nil {
-		return nil, fmt.Errorf("coord: register host %q: %w", meta.HostUUID, err)
+		cancel()
+		return nil, opErr(fmt.Sprintf("register host %q", meta.HostUUID), err)
 	}
 	h.log.Info("coord: host registered", "key", h.key, "lease", hexID(reg.lease), "ttl", reg.ttl)
-	emit(h.signal, Signal{Kind: SignalRegistered, Host: meta.HostUUID, Key: h.key, Lease: reg.lease})
-	loopCtx, cancel := context.WithCancel(context.Background())
-	h.cancel = cancel
-	go h.run(loopCtx, reg)
+	emit(h.signal, Signal{Kind: SignalRegistered, Host: h.id, Key: h.key, Lease: reg.lease})
+	go h.run(life, reg)
 	return h, nil
+}
+
+// cloneMeta copies m, its Labels included: a heal marshals the recorded
+// metadata at any time, while the caller may be changing its own map.
+func cloneMeta(m HostMetadata) HostMetadata {
+	m.Labels = maps.Clone(m.Labels)
+	return m
 }
 
 // register writes the host's latest metadata under a new lease. If another
@@ -101,14 +127,15 @@ func (h *HostLiveness) register(ctx context.Context, wait, takeover bool) (regis
 	ctx = clientv3.WithRequireLeader(ctx)
 	for {
 		h.mu.Lock()
-		meta := h.meta
+		meta, gen := h.meta, h.gen
 		h.mu.Unlock()
-		// Strings and a map of strings: encoding cannot fail.
+		// Strings and a map of strings: encoding cannot fail. The map is
+		// never changed once recorded.
 		val, _ := json.Marshal(meta)
 		sent := time.Now()
 		g, err := h.cli.Grant(ctx, int64(h.reqTTL/time.Second))
 		if err != nil {
-			return registration{}, opErr("grant lease", err)
+			return registration{}, fmt.Errorf("grant lease: %w", err)
 		}
 		reg := registration{lease: g.ID, ttl: time.Duration(g.TTL) * time.Second, sent: sent}
 		// A key without a lease holds no host: write over it.
@@ -121,51 +148,110 @@ func (h *HostLiveness) register(ctx context.Context, wait, takeover bool) (regis
 			Else(clientv3.OpGet(h.key)).Commit()
 		if err == nil && resp.Succeeded {
 			reg.rev = resp.Header.Revision
-			h.mu.Lock()
-			h.lease, h.ttl = reg.lease, reg.ttl
-			h.mu.Unlock()
+			h.published(gen, reg.lease, reg.ttl)
 			return reg, nil
 		}
 		// Ours is not needed (yet): do not leave it to expire.
-		revokeQuietly(ctx, h.cli, g.ID, reg.ttl, h.log)
+		h.drop(ctx, g.ID, reg.ttl)
 		if err != nil {
-			return registration{}, opErr("put host key", err)
+			return registration{}, fmt.Errorf("put host key: %w", err)
 		}
 		holder := resp.Responses[0].GetResponseRange().Kvs[0]
 		if !wait || clientv3.LeaseID(holder.Lease) == waited {
 			return registration{}, fmt.Errorf("%w: key %q held by lease %x", ErrHostExists, h.key, holder.Lease)
 		}
 		waited = clientv3.LeaseID(holder.Lease)
-		if err := h.waitOut(ctx, waited, resp.Header.Revision); err != nil {
+		if err := h.waitOut(ctx, waited); err != nil {
 			return registration{}, err
 		}
 	}
 }
 
-// waitOut waits until the key is deleted, or until lease would have expired
-// had nobody renewed it.
-func (h *HostLiveness) waitOut(ctx context.Context, lease clientv3.LeaseID, rev int64) error {
-	// If the lease cannot be read, the longest it can have left is the TTL
-	// we ask for ourselves, as far as we know.
-	left := h.reqTTL + expirySlack
-	if ttl, err := h.cli.TimeToLive(ctx, lease); err == nil {
-		// etcd rounds the remaining TTL down to whole seconds.
-		left = time.Duration(max(ttl.TTL, 0)+1)*time.Second + expirySlack
+// published records that etcd holds the metadata of generation gen on
+// lease, and wakes the updates waiting for it.
+func (h *HostLiveness) published(gen uint64, lease clientv3.LeaseID, ttl time.Duration) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.lease, h.ttl, h.wrote = lease, ttl, gen
+	close(h.written)
+	h.written = make(chan struct{})
+}
+
+// drop revokes a lease we no longer need, waiting for it as long as ctx
+// lasts: the revoke goes on after ctx ends, bounded by the TTL, since the
+// lease holds the key if our put went through unseen.
+func (h *HostLiveness) drop(ctx context.Context, id clientv3.LeaseID, ttl time.Duration) {
+	revoked := make(chan struct{})
+	h.drops.Add(1)
+	go func() {
+		defer h.drops.Done()
+		defer close(revoked)
+		err := revoke(context.Background(), h.cli, id, ttl)
+		h.log.Debug("coord: revoked lease", "lease", hexID(id), "err", err)
+	}()
+	select {
+	case <-revoked:
+	case <-ctx.Done():
 	}
-	h.log.Info("coord: host key held by another lease, waiting it out", "key", h.key, "lease", hexID(lease), "wait", left)
-	wctx, cancel := context.WithTimeout(ctx, left)
-	defer cancel()
-	for wr := range h.cli.Watch(wctx, h.key, clientv3.WithRev(rev+1)) {
-		for _, ev := range wr.Events {
-			if ev.Type == mvccpb.DELETE {
+}
+
+// waitOut waits until lease no longer holds the key, or would have expired
+// had nobody renewed it, or ctx ends. A broken or compacted watch does not
+// end the wait: the lease's TTL is read again (a new etcd leader renews
+// every lease), then the key, and the watch resumes from there.
+func (h *HostLiveness) waitOut(ctx context.Context, lease clientv3.LeaseID) error {
+	var (
+		expiry time.Time // zero until the lease's TTL is read: ours says nothing of it
+		r      retry
+	)
+	for {
+		ttl, err := h.cli.TimeToLive(ctx, lease)
+		if err == nil {
+			// etcd rounds the remaining TTL down to whole seconds.
+			left := time.Duration(max(ttl.TTL, 0)+1)*time.Second + expirySlack
+			expiry = time.Now().Add(left)
+		}
+		if !expiry.IsZero() {
+			over, werr := h.watchHolder(ctx, lease, expiry)
+			if over {
 				return nil
 			}
+			err = werr
+		}
+		if ferr := fatal(ctx, h.cli, err); ferr != nil {
+			return fmt.Errorf("wait out lease %x: %w", int64(lease), ferr)
+		}
+		h.log.Debug("coord: wait for the holder's lease interrupted", "key", h.key, "lease", hexID(lease), "err", err)
+		sleep(ctx, r.next())
+	}
+}
+
+// watchHolder reads the key and watches it until lease no longer holds it
+// or expiry has passed, which end the wait (true), or until the read or the
+// watch fails or ctx ends (false, with the error if any).
+func (h *HostLiveness) watchHolder(ctx context.Context, lease clientv3.LeaseID, expiry time.Time) (bool, error) {
+	wctx, cancel := context.WithDeadline(ctx, expiry)
+	defer cancel()
+	g, err := h.cli.Get(wctx, h.key)
+	if err == nil && (len(g.Kvs) == 0 || g.Kvs[0].Lease != int64(lease)) {
+		return true, nil
+	}
+	if err == nil {
+		wch := h.cli.Watch(wctx, h.key, clientv3.WithRev(g.Header.Revision+1), clientv3.WithCreatedNotify())
+		for wr := range wch {
+			if wr.Created {
+				h.log.Info("coord: host key held by another lease, waiting it out", "key", h.key, "lease", hexID(lease), "wait", time.Until(expiry))
+			}
+			for _, ev := range wr.Events {
+				if ev.Type == mvccpb.DELETE || ev.Kv.Lease != int64(lease) {
+					return true, nil
+				}
+			}
+			err = wr.Err()
 		}
 	}
-	if ctx.Err() != nil {
-		return opErr("wait for holder's lease", ctx.Err())
-	}
-	return nil
+	// Past expiry, the lease would have expired had nobody renewed it.
+	return ctx.Err() == nil && wctx.Err() != nil, err
 }
 
 // run holds the registration and heals it until ctx ends or it cannot.
@@ -183,10 +269,10 @@ func (h *HostLiveness) run(ctx context.Context, reg registration) {
 		}
 		h.log.Info("coord: host registration healed", "key", h.key, "lease", hexID(reg.lease), "ttl", reg.ttl)
 	}
-	if ctx.Err() != nil {
-		err = nil // stopped
+	// Once stopped, Stop's cleanup ends the registration when it is over.
+	if ctx.Err() == nil {
+		h.finish(err)
 	}
-	h.finish(err)
 }
 
 // hold keeps reg alive and returns why it ended. The key is the judge: a
@@ -210,7 +296,7 @@ func (h *HostLiveness) hold(ctx context.Context, reg registration) error {
 		case wr, ok := <-wch:
 			if !ok || wr.Err() != nil {
 				if err := fatal(ctx, h.cli, wr.Err()); err != nil {
-					return fmt.Errorf("coord: watch host key %q: %w", h.key, err)
+					return fmt.Errorf("watch host key %q: %w", h.key, err)
 				}
 				// The watch broke (no leader, compaction): read the key
 				// and watch on from there.
@@ -228,7 +314,7 @@ func (h *HostLiveness) hold(ctx context.Context, reg registration) error {
 			}
 			for _, ev := range wr.Events {
 				if ev.Type == mvccpb.DELETE {
-					return errors.New("coord: host key deleted")
+					return errors.New("host key deleted")
 				}
 				if err := h.check(reg.lease, ev.Kv); err != nil {
 					return err
@@ -243,11 +329,11 @@ func (h *HostLiveness) hold(ctx context.Context, reg registration) error {
 func (h *HostLiveness) check(lease clientv3.LeaseID, kvs ...*mvccpb.KeyValue) error {
 	switch {
 	case len(kvs) == 0:
-		return errors.New("coord: host key deleted")
+		return errors.New("host key deleted")
 	case kvs[0].Lease == int64(lease):
 		return nil
 	case kvs[0].Lease == int64(clientv3.NoLease):
-		return errors.New("coord: host key overwritten without a lease")
+		return errors.New("host key overwritten without a lease")
 	}
 	return fmt.Errorf("%w: key %q taken over by lease %x", ErrHostExists, h.key, kvs[0].Lease)
 }
@@ -255,7 +341,10 @@ func (h *HostLiveness) check(lease clientv3.LeaseID, kvs ...*mvccpb.KeyValue) er
 // heal revokes the old lease where it still exists and registers again,
 // retrying with backoff, until it succeeds or cannot.
 func (h *HostLiveness) heal(ctx context.Context, old clientv3.LeaseID) (registration, error) {
-	revokeQuietly(ctx, h.cli, old, h.reqTTL, h.log)
+	// Stop cuts this revoke short: its cleanup revokes the lease on
+	// record, which is old until a heal succeeds.
+	err := revoke(ctx, h.cli, old, h.TTL())
+	h.log.Debug("coord: revoked lease", "lease", hexID(old), "err", err)
 	var r retry
 	for attempt := 1; ; attempt++ {
 		select {
@@ -270,85 +359,185 @@ func (h *HostLiveness) heal(ctx context.Context, old clientv3.LeaseID) (registra
 		cancel()
 		<-h.writes
 		if err == nil {
-			emit(h.signal, Signal{Kind: SignalRegistered, Host: h.host(), Key: h.key, Lease: reg.lease, Attempt: attempt})
+			emit(h.signal, Signal{Kind: SignalRegistered, Host: h.id, Key: h.key, Lease: reg.lease, Attempt: attempt})
 			return reg, nil
 		}
 		if errors.Is(err, ErrHostExists) {
 			return reg, err
 		}
 		if ferr := fatal(ctx, h.cli, err); ferr != nil {
-			return reg, fmt.Errorf("coord: heal host key %q: %w", h.key, ferr)
+			return reg, fmt.Errorf("heal host key %q: %w", h.key, ferr)
 		}
 		h.log.Warn("coord: heal attempt failed", "key", h.key, "attempt", attempt, "err", err)
-		emit(h.signal, Signal{Kind: SignalHealAttempt, Host: h.host(), Key: h.key, Attempt: attempt, Err: err})
+		emit(h.signal, Signal{Kind: SignalHealAttempt, Host: h.id, Key: h.key, Attempt: attempt, Err: err})
 		sleep(ctx, r.next())
 	}
 }
 
-func (h *HostLiveness) finish(err error) {
+// finish ends the registration for good, cause saying why.
+func (h *HostLiveness) finish(cause error) {
+	err := ended(cause)
 	h.mu.Lock()
-	h.err = err
+	h.cause, h.err = cause, err
 	h.mu.Unlock()
 	if err != nil {
 		h.log.Error("coord: host registration ended", "key", h.key, "err", err)
 	}
-	emit(h.signal, Signal{Kind: SignalRegistrationEnded, Host: h.host(), Key: h.key, Err: err})
+	emit(h.signal, Signal{Kind: SignalRegistrationEnded, Host: h.id, Key: h.key, Err: err})
 	close(h.done)
 }
 
+// ended returns cause as Err reports it, saying "coord:" once: an error
+// wrapping one of our sentinels says it already.
+func ended(cause error) error {
+	if cause == nil || errors.Is(cause, ErrHostExists) || errors.Is(cause, ErrClientClosed) {
+		return cause
+	}
+	return fmt.Errorf("coord: %w", cause)
+}
+
 // Stop ends the registration and revokes its lease, so that watchers see the
-// host Down at once. ctx bounds the revoke; without a deadline it is bounded
-// by the TTL. Stop is idempotent: later calls return the first call's result.
+// host Down at once. It returns within ctx: what is left of the cleanup then
+// goes on in the background, bounded by the TTL, and Done closes once it is
+// over. Without a deadline, Stop is bounded by the TTL. Stop is idempotent:
+// later calls return the first call's result.
 func (h *HostLiveness) Stop(ctx context.Context) error {
 	h.stopOnce.Do(func() {
 		h.cancel()
-		<-h.exited
-		err := revoke(ctx, h.cli, h.LeaseID(), h.TTL())
-		if err != nil && !errors.Is(h.Err(), ErrClientClosed) {
-			h.stopErr = fmt.Errorf("coord: stop host %q: %w", h.Key(), err)
+		released := make(chan error, 1)
+		go func() { released <- h.release() }()
+		var err error
+		select {
+		case err = <-released:
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+		if err != nil {
+			h.stopErr = opErr(fmt.Sprintf("stop host %q", h.id), err)
 		}
 	})
 	return h.stopErr
 }
 
-// Update publishes new metadata under the same lease; watchers see
-// HostUpdated. meta.HostUUID must stay the same. While the registration is
-// healing, the metadata is recorded and the heal writes it.
-func (h *HostLiveness) Update(ctx context.Context, meta HostMetadata) error {
-	h.mu.Lock()
-	id := h.meta.HostUUID
-	h.mu.Unlock()
-	if meta.HostUUID != id {
-		return fmt.Errorf("%w: update of host %q names %q", ErrInvalidHostUUID, id, meta.HostUUID)
+// release is Stop's cleanup: once the loop is over, it revokes the lease on
+// record and waits for the leases being dropped, then ends the registration
+// if it had not ended by itself. Each revoke is bounded by the TTL.
+func (h *HostLiveness) release() error {
+	<-h.exited
+	err := revoke(context.Background(), h.cli, h.LeaseID(), h.TTL())
+	h.drops.Wait()
+	select {
+	case <-h.done:
+	default:
+		h.finish(nil)
 	}
+	return err
+}
+
+// Update publishes new metadata under the same lease; watchers see
+// HostUpdated. meta.HostUUID must stay the same; meta is copied. Update
+// returns nil only once etcd holds meta on our lease: if the key is not ours
+// because a heal is under way, it waits, within ctx, for the heal to write
+// meta. If the key was taken over it fails with an error wrapping
+// ErrHostExists and writes nothing. If etcd cannot be reached within ctx it
+// fails with ctx's error, and the next heal writes meta; meta that etcd
+// refuses is dropped.
+func (h *HostLiveness) Update(ctx context.Context, meta HostMetadata) error {
+	if meta.HostUUID != h.id {
+		return fmt.Errorf("%w: update of host %q names %q", ErrInvalidHostUUID, h.id, meta.HostUUID)
+	}
+	gen, healing, err := h.write(ctx, cloneMeta(meta))
+	if err == nil && healing {
+		h.log.Debug("coord: host key not ours, waiting for the heal to write the update", "key", h.key)
+		err = h.awaitHeal(ctx, gen)
+	}
+	if err != nil {
+		return opErr(fmt.Sprintf("update host %q", h.id), err)
+	}
+	return nil
+}
+
+// write records meta, for the heals to come, and puts it on our lease. It
+// reports whether the key was not ours (deleted, or without a lease): a heal
+// is under way then, which writes meta of generation gen.
+func (h *HostLiveness) write(ctx context.Context, meta HostMetadata) (gen uint64, healing bool, err error) {
 	val, _ := json.Marshal(meta)
 	select {
 	case h.writes <- struct{}{}:
 	case <-ctx.Done():
-		return opErr(fmt.Sprintf("update host %q", id), ctx.Err())
+		return 0, false, ctx.Err()
 	}
 	defer func() { <-h.writes }()
-	select {
-	case <-h.done:
-		if err := h.Err(); err != nil {
-			return fmt.Errorf("coord: update host %q: %w", id, err)
-		}
-		return fmt.Errorf("coord: update host %q: %w", id, ErrClosed)
-	default:
-	}
-	lease := h.LeaseID()
-	// Only under our lease: a key deleted or taken over is the loop's to
-	// judge. If the key is not ours now, a heal is coming and writes the
-	// metadata recorded below.
-	_, err := h.cli.Txn(ctx).If(clientv3.Compare(clientv3.LeaseValue(h.key), "=", lease)).
-		Then(clientv3.OpPut(h.key, string(val), clientv3.WithLease(lease))).Commit()
-	if err != nil {
-		return opErr(fmt.Sprintf("update host %q", id), err)
+	if err := h.over(); err != nil {
+		return 0, false, err
 	}
 	h.mu.Lock()
-	h.meta = meta
+	prev, prevGen, lease, ttl := h.meta, h.gen, h.lease, h.ttl
+	h.gen++
+	h.meta, gen = meta, h.gen
 	h.mu.Unlock()
-	return nil
+	resp, err := h.cli.Txn(ctx).If(clientv3.Compare(clientv3.LeaseValue(h.key), "=", lease)).
+		Then(clientv3.OpPut(h.key, string(val), clientv3.WithLease(lease))).
+		Else(clientv3.OpGet(h.key)).Commit()
+	if err != nil {
+		// Turned down for good (too large to send or to store, denied):
+		// no heal may write it either. Unanswered, it stays for the next
+		// heal.
+		if status.Code(err) == codes.ResourceExhausted || (ctx.Err() == nil && fatal(ctx, h.cli, err) != nil) {
+			h.mu.Lock()
+			h.meta, h.gen = prev, prevGen
+			h.mu.Unlock()
+		}
+		return 0, false, fmt.Errorf("put host key: %w", err)
+	}
+	if resp.Succeeded {
+		h.published(gen, lease, ttl)
+		return gen, false, nil
+	}
+	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 && kvs[0].Lease != int64(clientv3.NoLease) {
+		return 0, false, fmt.Errorf("%w: key %q held by lease %x", ErrHostExists, h.key, kvs[0].Lease)
+	}
+	return gen, true, nil
+}
+
+// awaitHeal waits until etcd holds metadata of generation gen, or a later
+// one, on our lease.
+func (h *HostLiveness) awaitHeal(ctx context.Context, gen uint64) error {
+	for {
+		h.mu.Lock()
+		wrote, written := h.wrote, h.written
+		h.mu.Unlock()
+		if wrote >= gen {
+			return nil
+		}
+		select {
+		case <-written:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-h.done:
+		case <-h.life.Done():
+		}
+		if err := h.over(); err != nil {
+			return err
+		}
+	}
+}
+
+// over returns why the registration takes no more writes, nil while it
+// lives.
+func (h *HostLiveness) over() error {
+	select {
+	case <-h.done:
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if h.cause != nil {
+			return h.cause
+		}
+	case <-h.life.Done():
+	default:
+		return nil
+	}
+	return ErrClosed
 }
 
 // LeaseID returns the lease currently holding the key; it changes when the
@@ -357,13 +546,6 @@ func (h *HostLiveness) LeaseID() clientv3.LeaseID {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.lease
-}
-
-// host returns the registration's HostUUID.
-func (h *HostLiveness) host() string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.meta.HostUUID
 }
 
 // Key returns the host's key, <prefix><HostUUID>.
@@ -376,8 +558,8 @@ func (h *HostLiveness) TTL() time.Duration {
 	return h.ttl
 }
 
-// Done returns a channel closed when the registration ends for good: after
-// Stop, when taken over, or when the client is closed.
+// Done returns a channel closed when the registration ends for good: when it
+// is taken over or its client is closed, or once Stop's cleanup is over.
 func (h *HostLiveness) Done() <-chan struct{} { return h.done }
 
 // Err says why the registration ended: nil while it lives and after Stop,

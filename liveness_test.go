@@ -5,14 +5,18 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/go-coord/coord/coordtest"
-	"go.etcd.io/etcd/api/v3/mvccpb"
+	"log/slog"
 	"runtime"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/go-coord/coord/coordtest"
 )
 
 func TestRegisterHostLiveness(t *testing.T) {
@@ -551,5 +555,387 @@ func TestHostLivenessStopDuringHeal(t *testing.T) {
 		if n := keyCount(t, cli, h.Key()); n != 0 {
 			t.Fatal("healed after Stop")
 		}
+	})
+}
+
+// hook is a slog.Handler that calls f, in the goroutine that logs, the
+// first time msg is logged, then hands every record on to next: a test
+// acts at that point of the registration's work, or holds it there.
+type hook struct {
+	next slog.Handler
+	msg  string
+	once *sync.Once
+	f    func()
+}
+
+// withHook returns next, calling f the first time msg is logged.
+func withHook(next *slog.Logger, msg string, f func()) *slog.Logger {
+	return slog.New(&hook{next: next.Handler(), msg: msg, once: new(sync.Once), f: f})
+}
+
+// holdAt returns next, holding the goroutine that first logs msg until
+// release is called; reached is closed once it is held.
+func holdAt(next *slog.Logger, msg string) (log *slog.Logger, reached <-chan struct{}, release func()) {
+	at, released := make(chan struct{}), make(chan struct{})
+	log = withHook(next, msg, func() {
+		close(at)
+		<-released
+	})
+	return log, at, sync.OnceFunc(func() { close(released) })
+}
+
+func (k *hook) Enabled(context.Context, slog.Level) bool { return true }
+
+func (k *hook) Handle(ctx context.Context, r slog.Record) error {
+	if r.Message == k.msg {
+		k.once.Do(k.f)
+	}
+	return k.next.Handle(ctx, r)
+}
+
+func (k *hook) WithAttrs(as []slog.Attr) slog.Handler {
+	c := *k
+	c.next = k.next.WithAttrs(as)
+	return &c
+}
+
+func (k *hook) WithGroup(name string) slog.Handler {
+	c := *k
+	c.next = k.next.WithGroup(name)
+	return &c
+}
+
+// reach waits until c is closed, failing the test after patience.
+func reach(t *testing.T, c <-chan struct{}, what string) {
+	t.Helper()
+	if !closedWithin(c) {
+		t.Fatalf("%s not reached before the deadline", what)
+	}
+}
+
+// result returns what c delivers, failing the test after patience.
+func result(t *testing.T, c <-chan error) error {
+	t.Helper()
+	select {
+	case err := <-c:
+		return err
+	case <-time.After(patience()):
+		t.Fatal("no result before the deadline")
+	}
+	return nil
+}
+
+// healOnce deletes h's key and returns the key as the heal wrote it.
+func healOnce(t *testing.T, cli *clientv3.Client, h *HostLiveness) *mvccpb.KeyValue {
+	t.Helper()
+	old := h.LeaseID()
+	if _, err := cli.Delete(testCtx(t), h.Key()); err != nil {
+		t.Fatal(err)
+	}
+	kv := waitKey(t, cli, h.Key(), heldByOtherThan(old))
+	eventually(t, func() bool { return clientv3.LeaseID(kv.Lease) == h.LeaseID() })
+	return kv
+}
+
+// editing changes labels, as a caller reusing its map does, until the
+// returned function is called.
+func editing(labels map[string]string) (stop func()) {
+	quit, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-quit:
+				return
+			default:
+			}
+			labels["zone"] = strconv.Itoa(i)
+			labels[strconv.Itoa(i%8)] = "edited"
+			runtime.Gosched()
+		}
+	}()
+	return func() {
+		close(quit)
+		<-done
+	}
+}
+
+func TestHostLivenessCopiesMetadata(t *testing.T) {
+	t.Run("a caller editing its Labels after the call changes nothing the heals write", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		ctx := testCtx(t)
+		m := meta("a")
+		h, err := RegisterHostLiveness(ctx, srv.NewClient(t), m, LivenessOptions{TTL: time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer h.Stop(ctx)
+		stop := editing(m.Labels)
+		got := decodeKV(t, healOnce(t, cli, h))
+		stop()
+		if len(got.Labels) != 1 || got.Labels["zone"] != "a" {
+			t.Fatalf("healed with labels %v, want those passed to RegisterHostLiveness", got.Labels)
+		}
+		u := meta("a")
+		u.Version = "2.0"
+		u.Labels["zone"] = "b"
+		if err := h.Update(ctx, u); err != nil {
+			t.Fatal(err)
+		}
+		stop = editing(u.Labels)
+		got = decodeKV(t, healOnce(t, cli, h))
+		stop()
+		if got.Version != "2.0" || len(got.Labels) != 1 || got.Labels["zone"] != "b" {
+			t.Fatalf("healed with %+v, want what was passed to Update", got)
+		}
+	})
+}
+
+func TestHostLivenessStopWithinCtx(t *testing.T) {
+	t.Run("while a heal is stuck revoking on an unreachable etcd, the cleanup going on after", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		p := srv.NewProxy(t)
+		// The heal starts as the link is cut: its revoke of the old
+		// lease gets no answer.
+		tap, log := newLogTap()
+		log = withHook(log, "coord: host registration lost, healing", p.Blackhole)
+		ttl := 2 * time.Second
+		h := register(t, p.NewClient(t), "a", LivenessOptions{TTL: ttl, Logger: log})
+		defer p.Unblackhole()
+		if _, err := cli.Delete(testCtx(t), h.Key()); err != nil {
+			t.Fatal(err)
+		}
+		tap.wait(t, "coord: host registration lost, healing", 1)
+		budget := 500 * time.Millisecond
+		ctx, cancel := context.WithTimeout(context.Background(), budget)
+		defer cancel()
+		start := time.Now()
+		err := h.Stop(ctx)
+		if took := time.Since(start); took > budget+100*time.Millisecond*scale {
+			t.Fatalf("Stop took %v with a ctx of %v (err %v)", took, budget, err)
+		}
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Stop: %v, want deadline exceeded", err)
+		}
+		// What is left of the cleanup is bounded by the TTL, and Done
+		// closes once it is over.
+		select {
+		case <-h.Done():
+		case <-time.After(ttl + patience()):
+			t.Fatal("Done not closed after the cleanup")
+		}
+		if h.Err() != nil {
+			t.Fatalf("Err %v after Stop", h.Err())
+		}
+	})
+}
+
+func TestHostLivenessWaitOut(t *testing.T) {
+	// holder writes the key under a lease of its own that nobody renews,
+	// as a crashed host leaves it.
+	holder := func(t *testing.T, cli *clientv3.Client, ttl time.Duration) clientv3.LeaseID {
+		t.Helper()
+		ctx := testCtx(t)
+		g, err := cli.Grant(ctx, int64(ttl/time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cli.Put(ctx, HostsPrefix+"a", `{"host_uuid":"a"}`, clientv3.WithLease(g.ID)); err != nil {
+			t.Fatal(err)
+		}
+		return g.ID
+	}
+	// waiting starts a registration of "a" through p and returns its
+	// result, once it waits for the holder's lease.
+	waiting := func(t *testing.T, p *coordtest.Proxy) <-chan error {
+		t.Helper()
+		c := p.NewClient(t)
+		tap, log := newLogTap()
+		res := make(chan error, 1)
+		go func() {
+			h, err := RegisterHostLiveness(testCtx(t), c, meta("a"), LivenessOptions{TTL: time.Second, Logger: log})
+			if err == nil {
+				err = h.Stop(context.Background())
+			}
+			res <- err
+		}()
+		tap.wait(t, "coord: host key held by another lease, waiting it out", 1)
+		return res
+	}
+	t.Run("a watch broken by a compaction waits on until the holder's lease expires", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		p := srv.NewProxy(t)
+		lease := holder(t, cli, 3*time.Second)
+		res := waiting(t, p)
+		// The waiter's watch resumes from a compacted revision.
+		p.Blackhole()
+		for i := range 5 {
+			if _, err := cli.Put(testCtx(t), fmt.Sprintf("/other/%d", i), "x"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		srv.Compact(testCtx(t))
+		p.Unblackhole()
+		if err := <-res; err != nil {
+			t.Fatalf("register: %v", err)
+		}
+		if ttl, err := cli.TimeToLive(testCtx(t), lease); err != nil || ttl.TTL != -1 {
+			t.Fatalf("registered while the holder's lease lived: %v %v", ttl, err)
+		}
+	})
+	t.Run("a delete lost to a compaction is seen by reading the key again", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		p := srv.NewProxy(t)
+		lease := holder(t, cli, 300*time.Second) // outlives the test
+		res := waiting(t, p)
+		p.Blackhole()
+		if _, err := cli.Revoke(testCtx(t), lease); err != nil {
+			t.Fatal(err)
+		}
+		// Compacted past the delete: the resumed watch cannot see it.
+		if _, err := cli.Put(testCtx(t), "/other", "x"); err != nil {
+			t.Fatal(err)
+		}
+		srv.Compact(testCtx(t))
+		p.Unblackhole()
+		if err := <-res; err != nil {
+			t.Fatalf("register: %v", err)
+		}
+	})
+}
+
+func TestHostLivenessUpdateWrites(t *testing.T) {
+	t.Run("when the key was taken over, fails with ErrHostExists and writes nothing", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		ctx := testCtx(t)
+		// The registration is held as it ends, before Done closes.
+		log, reached, release := holdAt(discard, "coord: host registration ended")
+		defer release()
+		h := register(t, cli, "a", LivenessOptions{TTL: 5 * time.Second, Logger: log})
+		g, err := cli.Grant(ctx, 300) // outlives the test
+		if err != nil {
+			t.Fatal(err)
+		}
+		other := `{"host_uuid":"a","version":"other"}`
+		if _, err := cli.Put(ctx, h.Key(), other, clientv3.WithLease(g.ID)); err != nil {
+			t.Fatal(err)
+		}
+		reach(t, reached, "end of the registration")
+		m := meta("a")
+		m.Version = "2.0"
+		if err := h.Update(ctx, m); !errors.Is(err, ErrHostExists) {
+			t.Fatalf("Update: %v, want ErrHostExists", err)
+		}
+		resp, err := cli.Get(ctx, h.Key())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if kv := resp.Kvs[0]; clientv3.LeaseID(kv.Lease) != g.ID || string(kv.Value) != other {
+			t.Fatalf("key %s under lease %x, want the other writer's", kv.Value, kv.Lease)
+		}
+	})
+	t.Run("when the key was deleted, returns nil only once the heal wrote it", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		ctx := testCtx(t)
+		log, reached, release := holdAt(discard, "coord: host registration lost, healing")
+		defer release()
+		h := register(t, srv.NewClient(t), "a", LivenessOptions{Logger: log})
+		if _, err := cli.Delete(ctx, h.Key()); err != nil {
+			t.Fatal(err)
+		}
+		reach(t, reached, "heal")
+		// With the heal held up, etcd cannot hold the update.
+		m := meta("a")
+		m.Version = "2.0"
+		short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		defer cancel()
+		if err := h.Update(short, m); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Update with the heal held up: %v, want deadline exceeded", err)
+		}
+		m.Version = "3.0"
+		updated := make(chan error, 1)
+		go func() { updated <- h.Update(ctx, m) }()
+		release()
+		if err := result(t, updated); err != nil {
+			t.Fatalf("Update: %v", err)
+		}
+		resp, err := cli.Get(ctx, h.Key())
+		if err != nil || len(resp.Kvs) == 0 {
+			t.Fatalf("key gone after Update returned: %v", err)
+		}
+		if got := decodeKV(t, resp.Kvs[0]); got.Version != "3.0" || clientv3.LeaseID(resp.Kvs[0].Lease) != h.LeaseID() {
+			t.Fatalf("etcd holds version %q under lease %x after Update returned", got.Version, resp.Kvs[0].Lease)
+		}
+	})
+	t.Run("waiting for a heal, fails with ErrClosed once stopped", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		ctx := testCtx(t)
+		tap, log := newLogTap()
+		log, reached, release := holdAt(log, "coord: host registration lost, healing")
+		defer release()
+		h := register(t, srv.NewClient(t), "a", LivenessOptions{Logger: log})
+		if _, err := cli.Delete(ctx, h.Key()); err != nil {
+			t.Fatal(err)
+		}
+		reach(t, reached, "heal")
+		updated := make(chan error, 1)
+		go func() { updated <- h.Update(ctx, meta("a")) }()
+		tap.wait(t, "coord: host key not ours, waiting for the heal to write the update", 1)
+		stopped := make(chan error, 1)
+		go func() { stopped <- h.Stop(ctx) }()
+		if err := result(t, updated); !errors.Is(err, ErrClosed) {
+			t.Fatalf("Update: %v, want ErrClosed", err)
+		}
+		release()
+		if err := result(t, stopped); err != nil {
+			t.Fatalf("Stop: %v", err)
+		}
+	})
+	t.Run("when etcd cannot be reached, fails within ctx and the next heal writes it", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		p := srv.NewProxy(t)
+		h := register(t, p.NewClient(t), "a", LivenessOptions{TTL: 5 * time.Second})
+		p.Blackhole()
+		m := meta("a")
+		m.Version = "2.0"
+		ctx, cancel := context.WithTimeout(testCtx(t), 200*time.Millisecond)
+		defer cancel()
+		if err := h.Update(ctx, m); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Update: %v, want deadline exceeded", err)
+		}
+		p.Unblackhole()
+		if got := decodeKV(t, healOnce(t, cli, h)); got.Version != "2.0" {
+			t.Fatalf("healed with version %q, want the update's", got.Version)
+		}
+	})
+}
+
+func TestHostLivenessErrorsSayCoordOnce(t *testing.T) {
+	srv, _ := newEtcd(t)
+	p := srv.NewProxy(t)
+	c := p.NewClient(t)
+	h := register(t, c, "a", LivenessOptions{TTL: 5 * time.Second})
+	p.Blackhole()
+	defer p.Unblackhole()
+	short := func(t *testing.T) context.Context {
+		ctx, cancel := context.WithTimeout(testCtx(t), 200*time.Millisecond)
+		t.Cleanup(cancel)
+		return ctx
+	}
+	once := func(t *testing.T, err error) {
+		t.Helper()
+		if !errors.Is(err, context.DeadlineExceeded) || strings.Count(fmt.Sprint(err), "coord:") != 1 {
+			t.Fatalf("error %q: want deadline exceeded, saying \"coord:\" once", err)
+		}
+	}
+	t.Run("a registration on an unreachable etcd", func(t *testing.T) {
+		_, err := RegisterHostLiveness(short(t), c, meta("b"), LivenessOptions{})
+		once(t, err)
+	})
+	t.Run("an update on an unreachable etcd", func(t *testing.T) {
+		once(t, h.Update(short(t), meta("a")))
+	})
+	t.Run("a stop on an unreachable etcd", func(t *testing.T) {
+		once(t, h.Stop(short(t)))
 	})
 }

@@ -20,12 +20,26 @@ const (
 	DefaultLivenessTTL = 10 * time.Second
 	// DefaultElectionTTL is the default TTL of an election's session.
 	DefaultElectionTTL = 10 * time.Second
-	// DefaultPoolTTL is the default TTL of a pooled election's session.
+	// DefaultPoolTTL is the default TTL of a pool's shared sessions.
 	DefaultPoolTTL = 30 * time.Second
+	// DefaultKeysPerSession is the default PoolOptions.KeysPerSession:
+	// etcd applies a put in time linear in the keys already on its lease.
+	DefaultKeysPerSession = 1000
 	// DefaultWatcherBuffer is the default capacity of HostWatcher.Events.
 	DefaultWatcherBuffer = 128
 	// DefaultMaxBacklog is the default WatcherOptions.MaxBacklog.
 	DefaultMaxBacklog = 10000
+	// DefaultWatcherPageSize is the default WatcherOptions.PageSize: a page
+	// of 3,500 hosts with typical metadata (a UUID, a host name, a few
+	// labels: some 280 bytes per host in etcd's response) is about 1 MB.
+	DefaultWatcherPageSize = 3500
+	// ShardsPrefix is the default prefix of a ShardSet's shard elections.
+	ShardsPrefix = "/coord/shards/"
+	// DefaultShardReplicas is the default ShardOptions.Replicas: an owner
+	// and one standby per shard.
+	DefaultShardReplicas = 2
+	// DefaultShardTTL is the default TTL of a ShardSet's shared sessions.
+	DefaultShardTTL = 10 * time.Second
 
 	// Heal backoff: capped exponential with jitter.
 	minBackoff = 50 * time.Millisecond
@@ -58,7 +72,8 @@ type LivenessOptions struct {
 }
 
 // WatcherOptions configures NewHostWatcher. The zero value watches
-// HostsPrefix with a DefaultWatcherBuffer-sized Events channel.
+// HostsPrefix with a DefaultWatcherBuffer-sized Events channel, listing in
+// pages of DefaultWatcherPageSize keys.
 type WatcherOptions struct {
 	// Prefix to watch; must end in "/". Default HostsPrefix.
 	Prefix string
@@ -75,6 +90,14 @@ type WatcherOptions struct {
 	// stays exact; it skips the intermediate states. 0 means
 	// DefaultMaxBacklog; negative is an error.
 	MaxBacklog int
+	// PageSize bounds the keys of each response when the watcher lists
+	// the prefix (at the start, and again after a compaction or a broken
+	// watch): it reads them in pages, each at the revision of the first,
+	// so that a listing is still one snapshot; a page whose revision was
+	// compacted meanwhile starts the listing again. Smaller pages cost
+	// etcd more: for each page it counts the keys left to the end of the
+	// prefix. 0 means DefaultWatcherPageSize; negative is an error.
+	PageSize int
 	// Logger receives the watcher's records; nil discards them.
 	Logger *slog.Logger
 	// OnSignal, if set, receives state changes and counts for metrics.
@@ -97,17 +120,55 @@ type ElectionOptions struct {
 	OnSignal func(Signal)
 }
 
-// PoolOptions configures NewElectionPool. The zero value keeps sessions of
-// DefaultPoolTTL.
+// PoolOptions configures NewElectionPool. The zero value shares sessions
+// of DefaultPoolTTL among up to DefaultKeysPerSession elections each.
 type PoolOptions struct {
-	// TTL of each pooled session: a whole number of seconds. Default 30s.
+	// TTL of each shared session: a whole number of seconds. Default 30s.
 	TTL time.Duration
 	// Identity is the default identity of the pooled elections; default:
 	// the host name.
 	Identity string
+	// KeysPerSession is how many elections share one session (one lease)
+	// at most; 0 means DefaultKeysPerSession, negative is an error.
+	KeysPerSession int
 	// Logger receives the pool's records; nil discards them.
 	Logger *slog.Logger
 	// OnSignal, if set, receives state changes and counts for metrics.
+	OnSignal func(Signal)
+}
+
+// ShardOptions configures NewShardSet. Shards, Self and Run are required;
+// the other fields' zero values take the defaults.
+type ShardOptions struct {
+	// Shards names the shards: unique, each a clean key segment
+	// (non-empty, without "/"). Every host of the fleet should list the
+	// same shards.
+	Shards []string
+	// Self is this host's HostUUID, registered (by RegisterHostLiveness)
+	// under HostPrefix: while it is not live, we own nothing.
+	Self string
+	// Run does a shard's work while we own it, in a goroutine of its own.
+	// Its ctx ends when we must let go (context.Cause says why); we hand
+	// the shard over once Run returns.
+	Run func(ctx context.Context, s Shard)
+	// Prefix under which the shard elections live, one at Prefix+name;
+	// must end in "/", apart from HostPrefix. Default ShardsPrefix.
+	Prefix string
+	// HostPrefix under which the hosts register; default HostsPrefix.
+	HostPrefix string
+	// Replicas is how many hosts campaign for each shard: the owner and
+	// its standbys. 0 means DefaultShardReplicas; negative is an error.
+	Replicas int
+	// TTL of the shared sessions of the shard elections: a whole number
+	// of seconds. Default 10s.
+	TTL time.Duration
+	// KeysPerSession is how many shard elections share one session at
+	// most; 0 means DefaultKeysPerSession, negative is an error.
+	KeysPerSession int
+	// Logger receives the shard set's records; nil discards them.
+	Logger *slog.Logger
+	// OnSignal, if set, receives state changes and counts for metrics:
+	// the shard set's, its elections' and its host watcher's.
 	OnSignal func(Signal)
 }
 
@@ -157,6 +218,14 @@ func checkHostUUID(id string) error {
 func checkElectionKey(key string) error {
 	if key == "" || strings.HasSuffix(key, "/") || strings.Contains(key, "//") {
 		return fmt.Errorf("%w: election key %q (want non-empty, no trailing \"/\", no \"//\")", ErrInvalidKey, key)
+	}
+	return nil
+}
+
+// checkShardName checks that a shard name is a clean key segment.
+func checkShardName(name string) error {
+	if name == "" || strings.Contains(name, "/") {
+		return fmt.Errorf("%w: shard %q (want non-empty, without \"/\")", ErrInvalidShards, name)
 	}
 	return nil
 }

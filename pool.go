@@ -10,117 +10,228 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// ElectionPool hands out one long-lived Election per key, each with its own
-// session owned by the pool: a caller's ctx bounds only the creation. An
-// Election whose session ended gets a new session on its next use. It is
+// ElectionPool serves per-key leadership at scale. Its elections share its
+// sessions, at most KeysPerSession keys on one lease, so that etcd's load
+// grows with the number of agents rather than with keys × agents; the
+// sessions are the pool's, never bound to a caller's ctx. Each key has one
+// holder at a time: the Election returned for it, until its Close. It is
 // safe for concurrent use.
 type ElectionPool struct {
 	cli  *clientv3.Client
-	opts PoolOptions
+	opts PoolOptions // defaults applied
 	log  *slog.Logger
 
-	ctx    context.Context // ended by Close: aborts a creation under way
+	ctx    context.Context // ended by Close: ends the sessions
 	cancel context.CancelFunc
+	wg     sync.WaitGroup // the sessions' goroutines
 
 	mu        sync.Mutex
-	elections map[string]*Election
+	elections map[string]*Election // by key: the one held
+	sessions  []*poolSession       // in the order they were made; dead ones are dropped lazily
+	growing   chan struct{}        // closed when the session being made is done
 	closed    bool
+}
+
+// poolSession is a shared session and the number of elections it serves.
+type poolSession struct {
+	s    *session
+	keys int
 }
 
 // PoolStats is a snapshot of a pool.
 type PoolStats struct {
-	Sessions int           // elections whose session is live
-	Leading  int           // elections we lead
-	Closed   bool          // Close was called
-	TTL      time.Duration // the session TTL asked for
+	Elections int           // keys held
+	Sessions  int           // live shared sessions
+	Leading   int           // elections we lead
+	Closed    bool          // Close was called
+	TTL       time.Duration // the session TTL asked for
 }
 
-// NewElectionPool returns an empty pool. Invalid options are reported by
-// Election.
-func NewElectionPool(cli *clientv3.Client, opts PoolOptions) *ElectionPool {
+// NewElectionPool returns an empty pool; it talks to etcd only once an
+// election campaigns. It checks its options: a nil client is ErrNilClient,
+// a TTL that is not a whole number of seconds ErrInvalidTTL, a negative
+// KeysPerSession ErrInvalidKeysPerSession.
+func NewElectionPool(cli *clientv3.Client, opts PoolOptions) (*ElectionPool, error) {
+	if cli == nil {
+		return nil, ErrNilClient
+	}
+	ttl, err := ttlOrDefault(opts.TTL, DefaultPoolTTL)
+	if err != nil {
+		return nil, err
+	}
+	opts.TTL = ttl
+	if opts.KeysPerSession < 0 {
+		return nil, fmt.Errorf("%w: %d", ErrInvalidKeysPerSession, opts.KeysPerSession)
+	}
+	if opts.KeysPerSession == 0 {
+		opts.KeysPerSession = DefaultKeysPerSession
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &ElectionPool{cli: cli, opts: opts, log: logger(opts.Logger), ctx: ctx, cancel: cancel, elections: map[string]*Election{}}
+	return &ElectionPool{cli: cli, opts: opts, log: logger(opts.Logger), ctx: ctx, cancel: cancel,
+		elections: map[string]*Election{}}, nil
 }
 
-// Election returns the pool's Election for key, creating it (bounded by
-// ctx) on first use and renewing its session if that ended. The same
-// *Election is returned for the same key until the pool is closed. Its
-// Close does nothing: the pool's Close releases it.
+// Election returns an Election for key, held by the caller until its
+// Close; while it is held, another call for key fails with ErrInUse. It
+// does not talk to etcd: the Election takes a place on a shared session
+// when it campaigns. ctx only says whether the caller still wants it.
 func (p *ElectionPool) Election(ctx context.Context, key string) (*Election, error) {
+	what := fmt.Sprintf("pool election %q", key)
+	if err := checkElectionKey(key); err != nil {
+		return nil, err
+	}
+	if ctx.Err() != nil {
+		return nil, opErr(what, ctx.Err())
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		return nil, fmt.Errorf("coord: pool election %q: %w", key, ErrClosed)
+		return nil, opErr(what, ErrClosed)
 	}
-	// p.mu is held across etcd calls: Close must be able to cut them short
-	// rather than wait on an unreachable etcd for as long as ctx lasts.
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	defer context.AfterFunc(p.ctx, cancel)()
-	e, err := p.election(ctx, key)
-	if err != nil && p.ctx.Err() != nil {
-		return nil, fmt.Errorf("coord: pool election %q: %w", key, ErrClosed)
+	if _, held := p.elections[key]; held {
+		return nil, opErr(what, ErrInUse)
 	}
-	return e, err
-}
-
-// election returns the pooled Election for key, renewed or created.
-// Called with p.mu held.
-func (p *ElectionPool) election(ctx context.Context, key string) (*Election, error) {
-	if e, ok := p.elections[key]; ok {
-		if err := e.renew(ctx); err != nil {
-			return nil, err
-		}
-		return e, nil
-	}
-	ttl, err := ttlOrDefault(p.opts.TTL, DefaultPoolTTL)
-	if err != nil {
-		return nil, err
-	}
-	e, err := NewElection(ctx, p.cli, ElectionOptions{Key: key, TTL: ttl, Identity: p.opts.Identity, Logger: p.log, OnSignal: p.opts.OnSignal})
-	if err != nil {
-		return nil, err
-	}
-	e.pooled = true
+	e := newElection(p.cli, key, p.opts.TTL, p.opts.Identity, p.log, p.opts.OnSignal)
+	e.pool = p
 	p.elections[key] = e
 	return e, nil
 }
 
-// Close resigns and releases every pooled election; later calls to Election
-// fail with ErrClosed. It is idempotent.
+// share returns a live shared session with room for e, making one if
+// none has room. One caller makes it; the others wait for it, within
+// their ctx, and no lock is held meanwhile.
+func (p *ElectionPool) share(ctx context.Context, e *Election) (*session, error) {
+	for {
+		// After Close, a session cannot be had: grow fails at once.
+		p.mu.Lock()
+		p.leaveLocked(e)
+		if ps := p.roomLocked(); ps != nil {
+			ps.keys++
+			e.slot = ps
+			p.mu.Unlock()
+			return ps.s, nil
+		}
+		growing := p.growing
+		if growing == nil {
+			p.growing = make(chan struct{})
+		}
+		p.mu.Unlock()
+		if growing == nil {
+			if err := p.grow(ctx); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		select {
+		case <-growing:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// roomLocked drops the sessions that ended and returns the first live one
+// with room, or nil.
+func (p *ElectionPool) roomLocked() *poolSession {
+	live := p.sessions[:0]
+	for _, ps := range p.sessions {
+		if ps.s.ctx.Err() == nil {
+			live = append(live, ps)
+		}
+	}
+	clear(p.sessions[len(live):])
+	p.sessions = live
+	for _, ps := range live {
+		if ps.keys < p.opts.KeysPerSession {
+			return ps
+		}
+	}
+	return nil
+}
+
+// grow makes a new shared session (bounded by ctx, and cut short by
+// Close) and publishes it.
+func (p *ElectionPool) grow(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(p.ctx, cancel)()
+	s, err := startSession(ctx, p.ctx, p.cli, p.opts.TTL, p.log, &p.wg)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	close(p.growing)
+	p.growing = nil
+	if err != nil {
+		return err
+	}
+	p.sessions = append(p.sessions, &poolSession{s: s})
+	return nil
+}
+
+// leaveLocked gives back e's place on its session; a live session left
+// with no election ends, and its lease is revoked.
+func (p *ElectionPool) leaveLocked(e *Election) {
+	if ps := e.slot; ps != nil {
+		e.slot = nil
+		ps.keys--
+		if ps.keys == 0 {
+			ps.s.end(ErrClosed)
+		}
+	}
+}
+
+// release forgets e, closed: its key may be held again.
+func (p *ElectionPool) release(e *Election) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.leaveLocked(e)
+	if p.elections[e.key] == e {
+		delete(p.elections, e.key)
+	}
+}
+
+// Close closes every election of the pool (their Campaigns return
+// ErrClosed) and revokes its sessions, which removes their keys; later
+// calls to Election fail with ErrClosed. It bounds its own time to about
+// one TTL, and is idempotent.
 func (p *ElectionPool) Close() error {
-	p.cancel()
 	p.mu.Lock()
 	p.closed = true
-	es := p.elections
-	p.elections = map[string]*Election{}
+	es := make([]*Election, 0, len(p.elections))
+	for _, e := range p.elections {
+		es = append(es, e)
+	}
+	growing := p.growing
 	p.mu.Unlock()
+	// Sessions first: their revokes take every key with them, and the
+	// elections have nothing left to delete one by one.
+	p.cancel()
 	var wg sync.WaitGroup
 	for _, e := range es {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			e.close()
+			e.Close()
 		}()
 	}
 	wg.Wait()
+	if growing != nil {
+		<-growing
+	}
+	p.wg.Wait()
 	return nil
 }
 
-// Stats returns the pool's counts.
+// Stats returns the pool's counts. It never talks to etcd.
 func (p *ElectionPool) Stats() PoolStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	st := PoolStats{Closed: p.closed, TTL: p.opts.TTL}
-	if st.TTL == 0 {
-		st.TTL = DefaultPoolTTL
-	}
-	for _, e := range p.elections {
-		e.mu.Lock()
-		if e.sess.ctx.Err() == nil {
+	st := PoolStats{Elections: len(p.elections), Closed: p.closed, TTL: p.opts.TTL}
+	for _, ps := range p.sessions {
+		if ps.s.ctx.Err() == nil {
 			st.Sessions++
 		}
-		e.mu.Unlock()
+	}
+	for _, e := range p.elections {
 		if e.IsLeader() {
 			st.Leading++
 		}

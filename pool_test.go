@@ -3,6 +3,8 @@ package coord
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -12,7 +14,10 @@ import (
 // ptPool returns a pool on cli, closed at the end of the test.
 func ptPool(t *testing.T, cli *clientv3.Client, opts PoolOptions) *ElectionPool {
 	t.Helper()
-	p := NewElectionPool(cli, opts)
+	p, err := NewElectionPool(cli, opts)
+	if err != nil {
+		t.Fatalf("NewElectionPool: %v", err)
+	}
 	t.Cleanup(func() { p.Close() })
 	return p
 }
@@ -35,155 +40,227 @@ func ptStats(t *testing.T, p *ElectionPool, want PoolStats) {
 	}
 }
 
-// ptExpire revokes e's session lease through cli, as another agent would,
-// and waits until the session has noticed.
-func ptExpire(t *testing.T, cli *clientv3.Client, e *Election) *session {
+// ptLeases returns the leases etcd holds.
+func ptLeases(t *testing.T, cli *clientv3.Client) []clientv3.LeaseID {
 	t.Helper()
-	s := etSession(e)
-	etRevoke(t, cli, s.id)
-	etClosed(t, s.ctx.Done(), "the revoked session")
-	return s
+	resp, err := cli.Leases(testCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []clientv3.LeaseID
+	for _, l := range resp.Leases {
+		ids = append(ids, l.ID)
+	}
+	return ids
+}
+
+// ptKeys returns n election keys of the test.
+func ptKeys(n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("%s-%d", etKey, i)
+	}
+	return keys
 }
 
 func TestElectionPool(t *testing.T) {
-	t.Run("returns the same Election for a key and another for another key", func(t *testing.T) {
+	t.Run("elections share sessions, at most KeysPerSession on one lease", func(t *testing.T) {
 		_, cli := newEtcd(t)
-		p := ptPool(t, cli, PoolOptions{TTL: 2 * time.Second})
-		a := ptElection(t, p, etKey)
-		if again := ptElection(t, p, etKey); again != a {
-			t.Fatal("another Election for the same key")
+		p := ptPool(t, cli, PoolOptions{TTL: 2 * time.Second, KeysPerSession: 2})
+		ptStats(t, p, PoolStats{TTL: 2 * time.Second})
+		var es []*Election
+		for _, key := range ptKeys(5) {
+			e := ptElection(t, p, key)
+			etCampaign(t, e, "a")
+			es = append(es, e)
 		}
-		b := ptElection(t, p, etKey+"-other")
-		if b == a || a.Key() != etKey || b.Key() != etKey+"-other" {
-			t.Fatalf("keys %q and %q", a.Key(), b.Key())
+		ptStats(t, p, PoolStats{Elections: 5, Sessions: 3, Leading: 5, TTL: 2 * time.Second})
+		if n := len(ptLeases(t, cli)); n != 3 {
+			t.Fatalf("etcd holds %d leases, want 3", n)
 		}
-		if etSession(a).id == etSession(b).id {
-			t.Fatal("two keys share a session")
+		perLease := map[clientv3.LeaseID]int{}
+		for _, e := range es {
+			perLease[etSession(e).id]++
 		}
-		ptStats(t, p, PoolStats{Sessions: 2, TTL: 2 * time.Second})
+		for id, n := range perLease {
+			if n > 2 {
+				t.Fatalf("%d elections on lease %x, want at most 2", n, int64(id))
+			}
+		}
 	})
-	t.Run("an Election outlives the ctx it was made with", func(t *testing.T) {
-		_, cli := newEtcd(t)
-		p := ptPool(t, cli, PoolOptions{TTL: 2 * time.Second, Identity: "pooled"})
-		ctx, cancel := context.WithCancel(testCtx(t))
-		e, err := p.Election(ctx, etKey)
-		if err != nil {
-			t.Fatal(err)
+	t.Run("a session lost ends exactly the leaderships on it; their next Campaign uses a live session", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		p := ptPool(t, cli, PoolOptions{TTL: 2 * time.Second, KeysPerSession: 2})
+		var es []*Election
+		for _, key := range ptKeys(3) {
+			e := ptElection(t, p, key)
+			etCampaign(t, e, "a")
+			es = append(es, e)
 		}
-		lease := etSession(e).id
-		cancel()
-		etCampaign(t, e, "")
-		if got, err := e.Leader(testCtx(t)); err != nil || got != "pooled" {
+		lost := etSession(es[0])
+		if etSession(es[1]) != lost || etSession(es[2]) == lost {
+			t.Fatal("the first two elections should share a session, the third another")
+		}
+		etRevoke(t, srv.NewClient(t), lost.id)
+		etClosed(t, es[0].Done(), "Done of a leadership on the lost session")
+		etClosed(t, es[1].Done(), "Done of a leadership on the lost session")
+		for _, e := range es[:2] {
+			if !errors.Is(e.Err(), ErrLeadershipLost) {
+				t.Fatalf("Err: %v, want ErrLeadershipLost", e.Err())
+			}
+		}
+		etOpen(t, es[2].Done(), "Done of the leadership on the other session")
+		if !es[2].IsLeader() {
+			t.Fatal("the leadership on the other session ended")
+		}
+		etCampaign(t, es[0], "a")
+		// The live session had room: no new lease.
+		if s := etSession(es[0]); s != etSession(es[2]) {
+			t.Fatal("campaigned again on another session than the live one with room")
+		}
+		ptStats(t, p, PoolStats{Elections: 3, Sessions: 1, Leading: 2, TTL: 2 * time.Second})
+		etCampaign(t, es[1], "a")
+		if s := etSession(es[1]); s == lost || s == etSession(es[2]) || s.ctx.Err() != nil {
+			t.Fatal("campaigned again on the lost session, or on a full one")
+		}
+		ptStats(t, p, PoolStats{Elections: 3, Sessions: 2, Leading: 3, TTL: 2 * time.Second})
+	})
+	t.Run("one holder per key; Close releases the key and leaves nothing behind", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		p := ptPool(t, cli, PoolOptions{TTL: 2 * time.Second, Identity: "pooled"})
+		a := ptElection(t, p, etKey)
+		if _, err := p.Election(testCtx(t), etKey); !errors.Is(err, ErrInUse) {
+			t.Fatalf("second Election of a held key: %v, want ErrInUse", err)
+		}
+		etCampaign(t, a, "")
+		if got, err := a.Leader(testCtx(t)); err != nil || got != "pooled" {
 			t.Fatalf("Leader = %q, %v; want pooled", got, err)
 		}
-		// Still the session made under the ended ctx.
-		if got := clientv3.LeaseID(etCands(t, cli)[0].Lease); got != lease {
-			t.Fatalf("leads on lease %x, want %x", int64(got), int64(lease))
+		// A second key waits behind a leader of another agent.
+		leader := etElection(t, srv.NewClient(t), ElectionOptions{Key: etKey + "-b"})
+		etCampaign(t, leader, "other")
+		b := ptElection(t, p, etKey+"-b")
+		res := etCampaignAsync(testCtx(t), b, "b")
+		etWaitCount(t, cli, etKey+"-b/", 2, clientv3.WithPrefix())
+		done := a.Done()
+		if err := a.Close(); err != nil {
+			t.Fatal(err)
 		}
-		if ttl := etTTL(t, cli, lease); ttl <= 0 {
-			t.Fatalf("lease TTL %d", ttl)
+		etClosed(t, done, "Done after Close")
+		if !errors.Is(a.Err(), ErrClosed) {
+			t.Fatalf("Err after Close: %v, want ErrClosed", a.Err())
+		}
+		if n := keyCount(t, cli, etPrefix); n != 0 {
+			t.Fatalf("%d keys left of the closed election", n)
+		}
+		if err := b.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if r := etWait(t, res); !errors.Is(r.err, ErrClosed) {
+			t.Fatalf("Campaign of a closed pooled election: %v, want ErrClosed", r.err)
+		}
+		etWaitCount(t, cli, etKey+"-b/", 1, clientv3.WithPrefix())
+		// Nothing of the released keys stays: no election, no session.
+		ptStats(t, p, PoolStats{TTL: 2 * time.Second})
+		etUntil(t, "the session released", func() bool { return len(ptLeases(t, cli)) == 1 })
+		again := ptElection(t, p, etKey)
+		if again == a {
+			t.Fatal("the closed Election handed out again")
+		}
+		etCampaign(t, again, "")
+	})
+	t.Run("no call waits for another key's etcd traffic", func(t *testing.T) {
+		srv, _ := newEtcd(t)
+		px := srv.NewProxy(t)
+		p := ptPool(t, px.NewClient(t), PoolOptions{TTL: time.Second})
+		a := ptElection(t, p, etKey)
+		px.Blackhole()
+		defer px.Unblackhole()
+		res := etCampaignAsync(context.Background(), a, "a")
+		etUntil(t, "a session being made", func() bool {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			return p.growing != nil
+		})
+		// Election and Stats need no etcd; a Campaign of another key
+		// waits for the session being made, within its own ctx.
+		ctx, cancel := context.WithTimeout(testCtx(t), 200*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		b := ptElection(t, p, etKey+"-b")
+		ptStats(t, p, PoolStats{Elections: 2, TTL: time.Second})
+		if err := b.Campaign(ctx, "b"); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Campaign beside a stuck session: %v, want DeadlineExceeded", err)
+		}
+		if took := time.Since(start); took > 200*time.Millisecond+100*time.Millisecond*scale {
+			t.Fatalf("took %v, the ctx was 200ms", took)
+		}
+		// A Campaign that waits for the session being made shares it once
+		// it is there.
+		resB := etCampaignAsync(testCtx(t), b, "b")
+		px.Unblackhole()
+		for _, r := range []etResult{etWait(t, res), etWait(t, resB)} {
+			if r.err != nil {
+				t.Fatalf("Campaign: %v", r.err)
+			}
+		}
+		if etSession(a) != etSession(b) {
+			t.Fatal("two sessions made for two keys")
+		}
+		ptStats(t, p, PoolStats{Elections: 2, Sessions: 1, Leading: 2, TTL: time.Second})
+	})
+	t.Run("Close cuts short a Campaign stuck making a session", func(t *testing.T) {
+		srv, _ := newEtcd(t)
+		px := srv.NewProxy(t)
+		p := ptPool(t, px.NewClient(t), PoolOptions{TTL: time.Second})
+		a := ptElection(t, p, etKey)
+		px.Blackhole()
+		defer px.Unblackhole()
+		res := etCampaignAsync(context.Background(), a, "a")
+		etUntil(t, "a session being made", func() bool {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			return p.growing != nil
+		})
+		start := time.Now()
+		if err := p.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if took := time.Since(start); took > 2*time.Second*scale {
+			t.Fatalf("Close took %v", took)
+		}
+		if r := etWait(t, res); !errors.Is(r.err, ErrClosed) {
+			t.Fatalf("Campaign cut short by Close: %v, want ErrClosed", r.err)
 		}
 	})
-	t.Run("a pooled Election's Close does nothing", func(t *testing.T) {
-		_, cli := newEtcd(t)
-		p := ptPool(t, cli, PoolOptions{TTL: 2 * time.Second})
+	t.Run("Close of a pooled leader cut off ends its shared session, so that its key goes with the lease", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		px := srv.NewProxy(t)
+		ttl := time.Second * scale
+		p := ptPool(t, px.NewClient(t), PoolOptions{TTL: ttl})
 		e := ptElection(t, p, etKey)
 		etCampaign(t, e, "a")
+		s, key := etSession(e), e.current().key
+		px.Blackhole()
+		start := time.Now()
 		if err := e.Close(); err != nil {
 			t.Fatal(err)
 		}
-		etOpen(t, e.Done(), "Done after a pooled Close")
-		if !e.IsLeader() || len(etCands(t, cli)) != 1 {
-			t.Fatal("a pooled Close ended leadership")
+		if took := time.Since(start); took > ttl+100*time.Millisecond*scale {
+			t.Fatalf("Close took %v, want about the TTL %v at most", took, ttl)
 		}
-		if again := ptElection(t, p, etKey); again != e {
-			t.Fatal("another Election after a pooled Close")
-		}
-		if err := e.Proclaim(testCtx(t), "b"); err != nil {
-			t.Fatal(err)
-		}
+		etClosed(t, s.ctx.Done(), "the shared session")
+		px.Unblackhole()
+		etWaitCount(t, cli, key, 0)
 	})
-	t.Run("an expired session is replaced on the next Election call", func(t *testing.T) {
-		srv, cli := newEtcd(t)
-		p := ptPool(t, cli, PoolOptions{TTL: time.Second})
-		e := ptElection(t, p, etKey)
-		old := ptExpire(t, srv.NewClient(t), e)
-		ptStats(t, p, PoolStats{Sessions: 0, TTL: time.Second})
-		if again := ptElection(t, p, etKey); again != e {
-			t.Fatal("another Election after the session expired")
-		}
-		s := etSession(e)
-		if s.id == old.id || s.ctx.Err() != nil {
-			t.Fatalf("session lease %x (old %x), ended %v", int64(s.id), int64(old.id), s.ctx.Err())
-		}
-		ptStats(t, p, PoolStats{Sessions: 1, TTL: time.Second})
-		etCampaign(t, e, "a")
-		if got := clientv3.LeaseID(etCands(t, cli)[0].Lease); got != s.id {
-			t.Fatalf("leads on lease %x, want %x", int64(got), int64(s.id))
-		}
-		ptStats(t, p, PoolStats{Sessions: 1, Leading: 1, TTL: time.Second})
-	})
-	t.Run("Election fails when an expired session cannot be replaced, and tries again next time", func(t *testing.T) {
-		srv, cli := newEtcd(t)
-		p := ptPool(t, cli, PoolOptions{TTL: time.Second})
-		e := ptElection(t, p, etKey)
-		ptExpire(t, srv.NewClient(t), e)
-		ctx, cancel := context.WithCancel(testCtx(t))
-		cancel()
-		if _, err := p.Election(ctx, etKey); !errors.Is(err, context.Canceled) {
-			t.Fatalf("Election with an ended ctx: %v, want context.Canceled", err)
-		}
-		if again := ptElection(t, p, etKey); again != e || etSession(e).ctx.Err() != nil {
-			t.Fatal("the session was not replaced")
-		}
-	})
-	t.Run("Election while a Campaign on that key waits returns at once", func(t *testing.T) {
-		srv, cli := newEtcd(t)
-		p := ptPool(t, cli, PoolOptions{TTL: 2 * time.Second})
-		leader := etElection(t, srv.NewClient(t), ElectionOptions{})
-		etCampaign(t, leader, "leader")
-		e := ptElection(t, p, etKey)
-		res := etCampaignAsync(testCtx(t), e, "pooled")
-		etWaitCount(t, cli, etPrefix, 2, clientv3.WithPrefix())
-		// An Election call that waited for the Campaign would run into
-		// this deadline.
-		ctx, cancel := context.WithTimeout(testCtx(t), 2*time.Second*scale)
-		defer cancel()
-		if again, err := p.Election(ctx, etKey); err != nil || again != e {
-			t.Fatalf("Election while campaigning: %v", err)
-		}
-		ptStats(t, p, PoolStats{Sessions: 1, TTL: 2 * time.Second})
-		if err := leader.Resign(testCtx(t)); err != nil {
-			t.Fatal(err)
-		}
-		if r := etWait(t, res); r.err != nil {
-			t.Fatal(r.err)
-		}
-		ptStats(t, p, PoolStats{Sessions: 1, Leading: 1, TTL: 2 * time.Second})
-	})
-	t.Run("Stats counts sessions and leaders", func(t *testing.T) {
-		srv, cli := newEtcd(t)
-		ptStats(t, ptPool(t, cli, PoolOptions{}), PoolStats{TTL: DefaultPoolTTL})
-		p := ptPool(t, cli, PoolOptions{TTL: time.Second})
-		ptStats(t, p, PoolStats{TTL: time.Second})
-		a := ptElection(t, p, etKey)
-		b := ptElection(t, p, etKey+"-b")
-		ptStats(t, p, PoolStats{Sessions: 2, TTL: time.Second})
-		etCampaign(t, a, "a")
-		ptStats(t, p, PoolStats{Sessions: 2, Leading: 1, TTL: time.Second})
-		ptExpire(t, srv.NewClient(t), b)
-		ptStats(t, p, PoolStats{Sessions: 1, Leading: 1, TTL: time.Second})
-		p.Close()
-		ptStats(t, p, PoolStats{Closed: true, TTL: time.Second})
-	})
-	t.Run("Close resigns and releases every pooled election", func(t *testing.T) {
+	t.Run("Close closes every election, revokes the sessions, and refuses what comes after", func(t *testing.T) {
 		srv, cli := newEtcd(t)
 		p := ptPool(t, cli, PoolOptions{TTL: 2 * time.Second})
 		a := ptElection(t, p, etKey)
 		b := ptElection(t, p, etKey+"-b")
 		etCampaign(t, a, "a")
 		etCampaign(t, b, "b")
-		leases := []clientv3.LeaseID{etSession(a).id, etSession(b).id}
+		lease := etSession(a).id
 		done := a.Done()
 		waiter := etElection(t, srv.NewClient(t), ElectionOptions{})
 		res := etCampaignAsync(testCtx(t), waiter, "waiter")
@@ -193,11 +270,8 @@ func TestElectionPool(t *testing.T) {
 				t.Fatalf("Close #%d: %v", i+1, err)
 			}
 		}
-		// Released by the time Close returns.
-		for _, id := range leases {
-			if ttl := etTTL(t, cli, id); ttl != -1 {
-				t.Fatalf("lease %x TTL %d after Close, want -1", int64(id), ttl)
-			}
+		if ttl := etTTL(t, cli, lease); ttl != -1 {
+			t.Fatalf("lease %x TTL %d after Close, want -1", int64(lease), ttl)
 		}
 		if n := keyCount(t, cli, etKey+"-b/"); n != 0 {
 			t.Fatalf("%d keys left under %s-b/", n, etKey)
@@ -207,68 +281,89 @@ func TestElectionPool(t *testing.T) {
 			t.Fatalf("waiter: %v", r.err)
 		}
 		ptStats(t, p, PoolStats{Closed: true, TTL: 2 * time.Second})
-		if _, err := p.Election(testCtx(t), etKey); !errors.Is(err, ErrClosed) {
+		if _, err := p.Election(testCtx(t), etKey+"-c"); !errors.Is(err, ErrClosed) {
 			t.Fatalf("Election after Close: %v, want ErrClosed", err)
 		}
 		if err := a.Campaign(testCtx(t), "a"); !errors.Is(err, ErrClosed) {
 			t.Fatalf("Campaign of a pooled Election after Close: %v, want ErrClosed", err)
 		}
 	})
-	t.Run("Close cuts short an Election call stuck on an unreachable etcd", func(t *testing.T) {
-		srv, _ := newEtcd(t)
+	t.Run("a Campaign whose ctx ends while its put is on the way takes the key back once the put lands; the shared session lives on", func(t *testing.T) {
+		srv, cli := newEtcd(t)
 		px := srv.NewProxy(t)
-		p := ptPool(t, px.NewClient(t), PoolOptions{TTL: time.Second})
-		px.Blackhole()
-		defer px.Unblackhole()
-		errc := make(chan error, 1)
-		go func() {
-			_, err := p.Election(context.Background(), etKey)
-			errc <- err
-		}()
-		etUntil(t, "creating", func() bool {
-			if p.mu.TryLock() {
-				p.mu.Unlock()
-				return false
-			}
-			return true
-		})
-		start := time.Now()
-		if err := p.Close(); err != nil {
-			t.Fatal(err)
+		hcli, hooks := etHookedClient(t, px.ClientConfig())
+		p := ptPool(t, hcli, PoolOptions{TTL: 3 * time.Second * scale})
+		keep := ptElection(t, p, etKey+"-keep")
+		etCampaign(t, keep, "keep")
+		e := ptElection(t, p, etKey)
+		ctx, cancel := context.WithCancel(testCtx(t))
+		defer cancel()
+		wch := cli.Watch(ctx, etPrefix, clientv3.WithPrefix())
+		// The put is held on the link until after Campaign gave up.
+		sent := make(chan struct{})
+		hooks.on("/etcdserverpb.KV/Txn", func() { px.Pause(); close(sent) })
+		cctx, stop := context.WithCancel(ctx)
+		res := etCampaignAsync(cctx, e, "a")
+		<-sent
+		stop()
+		if r := etWait(t, res); !errors.Is(r.err, context.Canceled) {
+			t.Fatalf("Campaign: %v, want context.Canceled", r.err)
 		}
-		if took := time.Since(start); took > 2*time.Second*scale {
-			t.Fatalf("Close took %v", took)
+		// A new candidacy waits until that put is settled: the delete that
+		// settles it must not take the new candidacy's key.
+		short, stopShort := context.WithTimeout(ctx, 100*time.Millisecond)
+		defer stopShort()
+		if err := e.Campaign(short, "a"); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Campaign while the earlier put is unsettled: %v, want DeadlineExceeded", err)
 		}
-		select {
-		case err := <-errc:
-			if !errors.Is(err, ErrClosed) {
-				t.Fatalf("Election: %v, want ErrClosed", err)
+		px.Unpause()
+		var seen []string
+		for len(seen) < 2 {
+			select {
+			case wr := <-wch:
+				for _, ev := range wr.Events {
+					seen = append(seen, ev.Type.String())
+				}
+			case <-time.After(patience()):
+				t.Fatalf("saw %v of our key, want its put and its delete", seen)
 			}
-		case <-time.After(patience()):
-			t.Fatal("Election did not return")
+		}
+		if !slices.Equal(seen, []string{"PUT", "DELETE"}) {
+			t.Fatalf("saw %v of our key, want its put and its delete", seen)
+		}
+		if etSession(keep).ctx.Err() != nil || !keep.IsLeader() {
+			t.Fatal("the shared session ended")
 		}
 	})
-	t.Run("bad options are reported by Election and nothing is written", func(t *testing.T) {
+	t.Run("bad input is refused and nothing is written", func(t *testing.T) {
 		_, cli := newEtcd(t)
 		ctx := testCtx(t)
 		for _, ttl := range []time.Duration{-time.Second, 1500 * time.Millisecond} {
-			p := ptPool(t, cli, PoolOptions{TTL: ttl})
-			if _, err := p.Election(ctx, etKey); !errors.Is(err, ErrInvalidTTL) {
-				t.Fatalf("TTL %v: %v, want ErrInvalidTTL", ttl, err)
+			if p, err := NewElectionPool(cli, PoolOptions{TTL: ttl}); p != nil || !errors.Is(err, ErrInvalidTTL) {
+				t.Fatalf("TTL %v: %v, %v; want ErrInvalidTTL", ttl, p, err)
 			}
-			ptStats(t, p, PoolStats{TTL: ttl})
 		}
-		if _, err := ptPool(t, nil, PoolOptions{}).Election(ctx, etKey); !errors.Is(err, ErrNilClient) {
-			t.Fatalf("nil client: %v, want ErrNilClient", err)
+		if p, err := NewElectionPool(cli, PoolOptions{KeysPerSession: -1}); p != nil || !errors.Is(err, ErrInvalidKeysPerSession) {
+			t.Fatalf("KeysPerSession -1: %v, %v; want ErrInvalidKeysPerSession", p, err)
 		}
-		if _, err := ptPool(t, cli, PoolOptions{}).Election(ctx, "a/"); !errors.Is(err, ErrInvalidKey) {
+		if p, err := NewElectionPool(nil, PoolOptions{}); p != nil || !errors.Is(err, ErrNilClient) {
+			t.Fatalf("nil client: %v, %v; want ErrNilClient", p, err)
+		}
+		p := ptPool(t, cli, PoolOptions{})
+		ptStats(t, p, PoolStats{TTL: DefaultPoolTTL})
+		if _, err := p.Election(ctx, "a/"); !errors.Is(err, ErrInvalidKey) {
 			t.Fatalf("key a/: %v, want ErrInvalidKey", err)
+		}
+		cancelled, cancel := context.WithCancel(ctx)
+		cancel()
+		if _, err := p.Election(cancelled, etKey); !errors.Is(err, context.Canceled) {
+			t.Fatalf("Election with an ended ctx: %v, want context.Canceled", err)
 		}
 		if n := keyCount(t, cli, ""); n != 0 {
 			t.Fatalf("%d keys written", n)
 		}
-		if ls, err := cli.Leases(ctx); err != nil || len(ls.Leases) != 0 {
-			t.Fatalf("leases %v, %v; want none", ls, err)
+		if ls := ptLeases(t, cli); len(ls) != 0 {
+			t.Fatalf("leases %v; want none", ls)
 		}
 	})
 }

@@ -2,6 +2,7 @@ package coord
 
 import (
 	"fmt"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -31,10 +32,19 @@ const (
 	// SignalEventDelivered: a watcher of Key handed an event of kind Event
 	// about Host to its consumer.
 	SignalEventDelivered
+	// SignalShardAcquired: we (Host) own shard Key with fencing Token;
+	// its Run starts.
+	SignalShardAcquired
+	// SignalShardReleased: our (Host's) Run of shard Key with Token
+	// returned; Drain is how long it took after its ctx ended, Err why
+	// that ctx ended (nil if Run returned first). The shard is handed
+	// over next.
+	SignalShardReleased
 )
 
 var signalNames = [...]string{"registered", "heal-attempt", "registration-ended",
-	"leadership-gained", "leadership-lost", "watcher-resync", "event-delivered"}
+	"leadership-gained", "leadership-lost", "watcher-resync", "event-delivered",
+	"shard-acquired", "shard-released"}
 
 // String returns the signal kind's name, e.g. "leadership-lost".
 func (k SignalKind) String() string {
@@ -51,13 +61,14 @@ func (k SignalKind) String() string {
 type Signal struct {
 	Kind    SignalKind
 	Host    string           // host UUID
-	Key     string           // host key, election key, or watched prefix
+	Key     string           // host key, election key, watched prefix, or shard name
 	Lease   clientv3.LeaseID // lease of a registration
 	Token   int64            // fencing token of a leadership
 	Attempt int              // heal attempt
 	Count   int              // synthetic events of a resync
 	Event   HostEventKind    // kind of a delivered event
 	Err     error            // why, where there is a why
+	Drain   time.Duration    // how long a shard's Run took to return after its ctx ended
 }
 
 // emit hands s to fn, if there is one. fn runs on coord's goroutines: it

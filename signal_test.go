@@ -95,7 +95,10 @@ func TestSignals(t *testing.T) {
 	t.Run("a pooled election signals through the pool's hook", func(t *testing.T) {
 		_, cli := newEtcd(t)
 		var s signals
-		p := NewElectionPool(cli, PoolOptions{TTL: time.Second, OnSignal: s.hook})
+		p, err := NewElectionPool(cli, PoolOptions{TTL: time.Second, OnSignal: s.hook})
+		if err != nil {
+			t.Fatal(err)
+		}
 		defer p.Close()
 		e, err := p.Election(testCtx(t), "/k")
 		if err != nil {
@@ -134,11 +137,11 @@ func TestSignals(t *testing.T) {
 	})
 	t.Run("kinds have names", func(t *testing.T) {
 		var names []string
-		for k := SignalRegistered; k <= SignalEventDelivered+1; k++ {
+		for k := SignalRegistered; k <= SignalShardReleased+1; k++ {
 			names = append(names, k.String())
 		}
 		want := []string{"registered", "heal-attempt", "registration-ended", "leadership-gained",
-			"leadership-lost", "watcher-resync", "event-delivered", "SignalKind(7)"}
+			"leadership-lost", "watcher-resync", "event-delivered", "shard-acquired", "shard-released", "SignalKind(9)"}
 		if !slices.Equal(names, want) || SignalKind(-1).String() != "SignalKind(-1)" {
 			t.Fatalf("names %v", names)
 		}

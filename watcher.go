@@ -1,16 +1,20 @@
 package coord
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"slices"
 	"strings"
 	"sync"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // HostEventKind says what happened to a host.
@@ -41,6 +45,8 @@ type HostEvent struct {
 	Kind     HostEventKind
 	HostUUID string
 	// Metadata is the host's metadata; on Down, the last metadata seen.
+	// Its Labels map is shared with the watcher's view (Hosts) and with
+	// the host's other events: read it, but clone it before changing it.
 	Metadata HostMetadata
 	// Revision is the etcd revision of the change, or of the snapshot for
 	// synthetic events.
@@ -54,12 +60,18 @@ type HostEvent struct {
 // present when it starts, then every change. Applying the events in order
 // to a set keeps an exact replica of the hosts registered in etcd. It is
 // safe for concurrent use.
+//
+// A host's metadata is decoded once per version of its key and shared by
+// the watcher's view and every event that carries it: the Labels maps it
+// hands out (in events and from Hosts) are read-only.
 type HostWatcher struct {
 	cli    *clientv3.Client
 	prefix string
 	self   string
 	log    *slog.Logger
 	signal func(Signal)
+	// pageSize bounds the keys of each response of a listing.
+	pageSize int
 	// maxBacklog bounds the events queued for a consumer, beyond twice
 	// the hosts it knows of.
 	maxBacklog int
@@ -69,13 +81,16 @@ type HostWatcher struct {
 	cancel context.CancelFunc
 	done   chan struct{} // closed when run returns
 
-	mu    sync.Mutex
-	hosts map[string]watched // the current view, without Self
+	mu sync.Mutex
+	// hosts is the current view, without Self. Only run's goroutine
+	// changes it, under mu; that goroutine reads it without.
+	hosts map[string]*version
 	err   error
 }
 
-// watched is what the watcher knows of one host.
-type watched struct {
+// version is one version of a host's key, decoded once. It never changes:
+// the view, the queued events and the events sent share it.
+type version struct {
 	meta   HostMetadata
 	lease  int64
 	modRev int64
@@ -93,28 +108,23 @@ func NewHostWatcher(ctx context.Context, cli *clientv3.Client, opts WatcherOptio
 	if err != nil {
 		return nil, err
 	}
-	if opts.Buffer < 0 || opts.MaxBacklog < 0 {
-		return nil, fmt.Errorf("%w: Buffer %d, MaxBacklog %d", ErrInvalidBuffer, opts.Buffer, opts.MaxBacklog)
-	}
-	if opts.Buffer == 0 {
-		opts.Buffer = DefaultWatcherBuffer
-	}
-	if opts.MaxBacklog == 0 {
-		opts.MaxBacklog = DefaultMaxBacklog
+	if opts.Buffer < 0 || opts.MaxBacklog < 0 || opts.PageSize < 0 {
+		return nil, fmt.Errorf("%w: Buffer %d, MaxBacklog %d, PageSize %d", ErrInvalidBuffer, opts.Buffer, opts.MaxBacklog, opts.PageSize)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	w := &HostWatcher{
 		cli:        cli,
 		prefix:     prefix,
 		self:       opts.Self,
-		maxBacklog: opts.MaxBacklog,
+		pageSize:   cmp.Or(opts.PageSize, DefaultWatcherPageSize),
+		maxBacklog: cmp.Or(opts.MaxBacklog, DefaultMaxBacklog),
 		signal:     opts.OnSignal,
 		log:        logger(opts.Logger).With("prefix", prefix),
-		events:     make(chan HostEvent, opts.Buffer),
+		events:     make(chan HostEvent, cmp.Or(opts.Buffer, DefaultWatcherBuffer)),
 		synced:     make(chan struct{}),
 		cancel:     cancel,
 		done:       make(chan struct{}),
-		hosts:      map[string]watched{},
+		hosts:      map[string]*version{},
 	}
 	go w.run(ctx)
 	return w, nil
@@ -130,14 +140,15 @@ func (w *HostWatcher) Events() <-chan HostEvent { return w.events }
 func (w *HostWatcher) Synced() <-chan struct{} { return w.synced }
 
 // Hosts returns the watcher's current view, sorted by HostUUID. It may be
-// ahead of the events the consumer has read.
+// ahead of the events the consumer has read. The Labels maps are shared
+// with the watcher: read them, but clone one before changing it.
 func (w *HostWatcher) Hosts() []HostMetadata {
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	out := make([]HostMetadata, 0, len(w.hosts))
-	for _, h := range w.hosts {
-		out = append(out, own(h.meta))
+	for _, v := range w.hosts {
+		out = append(out, v.meta)
 	}
+	w.mu.Unlock()
 	slices.SortFunc(out, func(a, b HostMetadata) int { return strings.Compare(a.HostUUID, b.HostUUID) })
 	return out
 }
@@ -159,15 +170,8 @@ func (w *HostWatcher) Err() error {
 	return w.err
 }
 
-// queued is an event waiting for the consumer, with the host's state
-// after it (zero for Down).
-type queued struct {
-	ev HostEvent
-	h  watched
-}
-
 // run lists, then watches, and lists again whenever the watch breaks; it
-// delivers the queued events in between.
+// sends the queued events meanwhile.
 func (w *HostWatcher) run(ctx context.Context) {
 	defer close(w.done)
 	defer close(w.events)
@@ -177,90 +181,101 @@ func (w *HostWatcher) run(ctx context.Context) {
 	cctx, ccancel := context.WithCancel(ctx)
 	defer ccancel()
 	defer context.AfterFunc(w.cli.Ctx(), ccancel)()
-	var (
-		queue     []queued
-		delivered = map[string]watched{} // the consumer's replica
-		listed    bool
-		syncLeft  int // snapshot events not yet sent
-		r         retry
-	)
+	o := &outbox{unsynced: -1, synced: w.synced}
+	var r retry
 	for {
-		resp, err := w.cli.Get(cctx, w.prefix, clientv3.WithPrefix())
-		if err != nil {
-			if w.stop(ctx, err) {
-				return
+		rev, ok := w.relist(ctx, cctx, o, &r)
+		if !ok || !w.follow(ctx, cctx, o, rev, &r) {
+			return
+		}
+	}
+}
+
+// relist lists the hosts until it can, and queues the differences with the
+// view. It returns the listing's revision, or false if the watcher ends.
+func (w *HostWatcher) relist(ctx, cctx context.Context, o *outbox, r *retry) (int64, bool) {
+	for {
+		s, err := w.list(cctx)
+		switch {
+		case err == nil:
+			queued := len(o.queue)
+			o.queue = w.resync(o.queue, s)
+			if o.unsynced < 0 {
+				// The first listing: its events are the snapshot that
+				// Synced waits for.
+				o.unsynced = len(o.queue)
+				o.syncedIf()
+			} else {
+				emit(w.signal, Signal{Kind: SignalWatcherResync, Key: w.prefix, Count: len(o.queue) - queued})
 			}
+			return s.rev, true
+		case w.stop(ctx, err):
+			return 0, false
+		case errors.Is(err, rpctypes.ErrCompacted):
+			// A page is read at the first page's revision, which etcd
+			// compacted meanwhile: start again, at the latest.
+			w.log.Info("coord: listing compacted away, listing again", "err", err)
+		default:
 			w.log.Warn("coord: list hosts failed, retrying", "err", err)
 			sleep(cctx, r.next())
-			continue
 		}
-		r = retry{}
-		rev := resp.Header.Revision
-		diffs := w.resync(resp.Kvs, rev)
-		queue = append(queue, diffs...)
-		if listed {
-			emit(w.signal, Signal{Kind: SignalWatcherResync, Key: w.prefix, Count: len(diffs)})
-		} else {
-			listed = true
-			syncLeft = w.syncStep(len(queue))
-		}
-		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-		wch := w.cli.Watch(wctx, w.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
-	deliver:
-		for {
-			var out chan<- HostEvent
-			var next HostEvent
-			if len(queue) > 0 {
-				out, next = w.events, queue[0].ev
+	}
+}
+
+// follow watches from rev+1 and sends the queued events, until the watch
+// breaks (it returns true: list again) or the watcher ends (false).
+func (w *HostWatcher) follow(ctx, cctx context.Context, o *outbox, rev int64, r *retry) bool {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	wch := w.cli.Watch(wctx, w.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	for {
+		out, next := o.next(w.events)
+		select {
+		case out <- next:
+			emit(w.signal, Signal{Kind: SignalEventDelivered, Key: w.prefix, Host: next.HostUUID, Event: next.Kind})
+			o.sent()
+		case wr, ok := <-wch:
+			if !ok || wr.Err() != nil {
+				cancel()
+				if w.stop(ctx, wr.Err()) {
+					return false
+				}
+				w.log.Info("coord: host watch broke, resyncing", "err", wr.Err())
+				// A watch that breaks again and again without news (a
+				// list that works, a watch that fails at once) is retried
+				// with backoff.
+				sleep(cctx, r.next())
+				return true
 			}
-			select {
-			case out <- next:
-				emit(w.signal, Signal{Kind: SignalEventDelivered, Key: w.prefix, Host: next.HostUUID, Event: next.Kind})
-				if next.Kind == HostDown {
-					delete(delivered, next.HostUUID)
-				} else {
-					delivered[next.HostUUID] = queue[0].h
-				}
-				queue[0] = queued{}
-				queue = queue[1:]
-				if len(queue) == 0 {
-					queue = nil // let go of the array behind a big snapshot
-				}
-				if syncLeft > 0 {
-					syncLeft = w.syncStep(syncLeft - 1)
-				}
-			case wr, ok := <-wch:
-				if !ok || wr.Err() != nil {
-					cancel()
-					if w.stop(ctx, wr.Err()) {
-						return
-					}
-					w.log.Info("coord: host watch broke, resyncing", "err", wr.Err())
-					break deliver
-				}
-				for _, ev := range wr.Events {
-					queue = append(queue, w.apply(ev)...)
-				}
-				rev = wr.Header.Revision
-				if len(queue) > w.maxBacklog+2*len(delivered) {
-					// The consumer is far behind: what it needs is the
-					// difference between what it has and what is.
-					w.log.Info("coord: consumer behind, sending differences", "backlog", len(queue))
-					queue = w.catchUp(delivered, rev)
-					emit(w.signal, Signal{Kind: SignalWatcherResync, Key: w.prefix, Count: len(queue)})
-					if syncLeft > 0 {
-						// The snapshot is delivered with the catch-up.
-						syncLeft = w.syncStep(len(queue))
-					}
-				}
-			}
+			*r = retry{}
+			w.update(o, wr)
 		}
+	}
+}
+
+// update applies a watch response to the view and queues its events; a
+// consumer that has fallen too far behind is caught up instead.
+func (w *HostWatcher) update(o *outbox, wr clientv3.WatchResponse) {
+	for _, ev := range wr.Events {
+		o.queue = w.apply(o.queue, ev)
+	}
+	if len(o.queue) > w.maxBacklog+2*o.replica {
+		// What the consumer needs is the difference between what it has
+		// and what is.
+		w.log.Info("coord: consumer behind, sending differences", "backlog", len(o.queue))
+		o.catchUp(w.hosts, wr.Header.Revision)
+		emit(w.signal, Signal{Kind: SignalWatcherResync, Key: w.prefix, Count: len(o.queue)})
 	}
 }
 
 // stop ends the watcher if err, or the state of ctx and the client, says
 // it cannot go on, and reports whether it did.
 func (w *HostWatcher) stop(ctx context.Context, err error) bool {
+	if status.Code(err) == codes.ResourceExhausted {
+		// Our requests are small: an answer too large for the client, or
+		// etcd too busy. Neither is for good: the hosts may shrink.
+		err = nil
+	}
 	ferr := fatal(ctx, w.cli, err)
 	if ferr == nil {
 		return false
@@ -268,7 +283,7 @@ func (w *HostWatcher) stop(ctx context.Context, err error) bool {
 	if ferr == ctx.Err() {
 		ferr = nil
 	} else {
-		ferr = fmt.Errorf("coord: watch hosts under %q: %w", w.prefix, ferr)
+		ferr = opErr(fmt.Sprintf("watch hosts under %q", w.prefix), ferr)
 		w.log.Error("coord: host watcher ended", "err", ferr)
 	}
 	w.mu.Lock()
@@ -277,126 +292,250 @@ func (w *HostWatcher) stop(ctx context.Context, err error) bool {
 	return true
 }
 
-// syncStep closes Synced once no snapshot event is left to send.
-func (w *HostWatcher) syncStep(left int) int {
-	if left == 0 {
-		close(w.synced)
-	}
-	return left
+// snapshot is a listing of the hosts: all of them at revision rev, in
+// HostUUID order (etcd's key order).
+type snapshot struct {
+	rev   int64
+	hosts []*version
 }
 
-// resync replaces the view by a snapshot taken at rev and returns the
-// differences as synthetic events.
-func (w *HostWatcher) resync(kvs []*mvccpb.KeyValue, rev int64) []queued {
-	now := make(map[string]watched, len(kvs))
+// list reads the hosts in pages of at most pageSize keys, each read at the
+// revision of the first, so that the listing is one snapshot. It asks for
+// the next page before it decodes one: etcd serves it meanwhile.
+func (w *HostWatcher) list(ctx context.Context) (*snapshot, error) {
+	resp, err := w.page(ctx, w.prefix, 0)
+	if err != nil {
+		return nil, err
+	}
+	rev := resp.Header.Revision
+	s := &snapshot{rev: rev, hosts: make([]*version, 0, resp.Count)}
+	for {
+		var next chan pageResult
+		if resp.More {
+			next = make(chan pageResult, 1)
+			key := string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+			go func() {
+				resp, err := w.page(ctx, key, rev)
+				next <- pageResult{resp, err}
+			}()
+		}
+		w.read(s, resp.Kvs)
+		if next == nil {
+			return s, nil
+		}
+		r := <-next
+		if r.err != nil {
+			return nil, r.err
+		}
+		resp = r.resp
+	}
+}
+
+// pageResult is the outcome of a page's read.
+type pageResult struct {
+	resp *clientv3.GetResponse
+	err  error
+}
+
+// page reads the keys from key to the end of the prefix, at most pageSize
+// of them, at revision rev (0: the latest).
+func (w *HostWatcher) page(ctx context.Context, key string, rev int64) (*clientv3.GetResponse, error) {
+	return w.cli.Get(ctx, key, clientv3.WithRange(clientv3.GetPrefixRangeEnd(w.prefix)),
+		clientv3.WithLimit(int64(w.pageSize)), clientv3.WithRev(rev))
+}
+
+// read adds the hosts of one page to s. A key that has not changed since
+// the view took it in keeps the view's version: no need to decode it again.
+func (w *HostWatcher) read(s *snapshot, kvs []*mvccpb.KeyValue) {
 	for _, kv := range kvs {
-		if h, ok := w.decode(kv); ok {
-			now[h.meta.HostUUID] = h
+		v := w.hosts[string(w.id(kv.Key))]
+		if v == nil || v.modRev != kv.ModRevision || v.lease != kv.Lease {
+			if v = w.decode(kv); v == nil {
+				continue
+			}
+		}
+		s.hosts = append(s.hosts, v)
+	}
+}
+
+// resync makes snapshot s the view and appends to q the differences with
+// the view it replaces, in HostUUID order, as synthetic events.
+func (w *HostWatcher) resync(q []pending, s *snapshot) []pending {
+	now := make(map[string]*version, len(s.hosts))
+	for _, v := range s.hosts {
+		now[v.meta.HostUUID] = v
+	}
+	var gone []*version
+	for id, v := range w.hosts {
+		if _, ok := now[id]; !ok {
+			gone = append(gone, v)
 		}
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	out := diff(w.hosts, now, rev)
-	w.hosts = now
-	return out
-}
-
-// catchUp returns the synthetic events that take a consumer from what it
-// was sent to the current view.
-func (w *HostWatcher) catchUp(delivered map[string]watched, rev int64) []queued {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return diff(delivered, w.hosts, rev)
-}
-
-// diff returns the synthetic events, in HostUUID order, that turn the set
-// of hosts from into to.
-func diff(from, to map[string]watched, rev int64) []queued {
-	ids := make([]string, 0, len(to))
-	for id := range to {
-		ids = append(ids, id)
+	slices.SortFunc(gone, func(a, b *version) int { return strings.Compare(a.meta.HostUUID, b.meta.HostUUID) })
+	if len(w.hosts) == 0 {
+		q = slices.Grow(q, len(s.hosts)) // all Ups
 	}
-	for id := range from {
-		if _, ok := to[id]; !ok {
+	for _, v := range s.hosts {
+		for ; len(gone) > 0 && gone[0].meta.HostUUID < v.meta.HostUUID; gone = gone[1:] {
+			q = transition(q, gone[0], nil, s.rev, true)
+		}
+		q = transition(q, w.hosts[v.meta.HostUUID], v, s.rev, true)
+	}
+	for _, v := range gone {
+		q = transition(q, v, nil, s.rev, true)
+	}
+	w.mu.Lock()
+	w.hosts = now
+	w.mu.Unlock()
+	return q
+}
+
+// apply applies one watch event to the view and appends its host events
+// to q.
+func (w *HostWatcher) apply(q []pending, ev *clientv3.Event) []pending {
+	old := w.hosts[string(w.id(ev.Kv.Key))]
+	var v *version
+	if ev.Type != mvccpb.DELETE {
+		// A value that is not a host (any more) counts as deleted.
+		v = w.decode(ev.Kv)
+	}
+	if old == nil && v == nil {
+		return q
+	}
+	w.mu.Lock()
+	if v == nil {
+		delete(w.hosts, old.meta.HostUUID)
+	} else {
+		w.hosts[v.meta.HostUUID] = v
+	}
+	w.mu.Unlock()
+	return transition(q, old, v, ev.Kv.ModRevision, false)
+}
+
+// id returns the part of a key after the prefix: a host key's HostUUID.
+// Every key listed or watched is under the prefix.
+func (w *HostWatcher) id(key []byte) []byte { return key[len(w.prefix):] }
+
+// decode reads a host from kv; it returns nil for Self and for a value
+// that is not a host.
+func (w *HostWatcher) decode(kv *mvccpb.KeyValue) *version {
+	m, err := decodeHost(w.prefix, kv.Key, kv.Value)
+	if err != nil {
+		w.log.Warn("coord: skipping value that is not a host", "key", string(kv.Key), "err", err)
+		return nil
+	}
+	if m.HostUUID == w.self {
+		return nil
+	}
+	return &version{meta: m, lease: kv.Lease, modRev: kv.ModRevision}
+}
+
+// pending is an event not sent to the consumer yet.
+type pending struct {
+	kind HostEventKind
+	// v is the host's version after the event; on Down, its last one.
+	v *version
+	// before is the host's version before the event, nil if it had none.
+	before    *version
+	rev       int64
+	synthetic bool
+}
+
+func (p *pending) event() HostEvent {
+	return HostEvent{Kind: p.kind, HostUUID: p.v.meta.HostUUID, Metadata: p.v.meta, Revision: p.rev, Synthetic: p.synthetic}
+}
+
+// transition appends to q the events that take a host from version from
+// to version to, either nil if the host is absent.
+func transition(q []pending, from, to *version, rev int64, synthetic bool) []pending {
+	switch {
+	case from == nil && to == nil:
+		return q
+	case to == nil:
+		return append(q, pending{kind: HostDown, v: from, before: from, rev: rev, synthetic: synthetic})
+	case from == nil:
+		return append(q, pending{kind: HostUp, v: to, rev: rev, synthetic: synthetic})
+	case from.lease != to.lease:
+		// Another lease: the host registered again.
+		return append(q,
+			pending{kind: HostDown, v: from, before: from, rev: rev, synthetic: synthetic},
+			pending{kind: HostUp, v: to, rev: rev, synthetic: synthetic})
+	case from.modRev != to.modRev:
+		return append(q, pending{kind: HostUpdated, v: to, before: from, rev: rev, synthetic: synthetic})
+	}
+	return q
+}
+
+// outbox holds what the consumer has not been sent yet: the events, in
+// order. The consumer's replica is the view without them: each host's
+// first queued event says what the consumer has of it.
+type outbox struct {
+	queue []pending
+	// replica counts the hosts the consumer has once it applies every
+	// event sent.
+	replica int
+	// unsynced counts the events to send before Synced closes: -1 until
+	// the first listing, 0 once it is closed.
+	unsynced int
+	synced   chan struct{}
+}
+
+// next returns the channel to send the next event on, with the event; a
+// nil channel if there is none.
+func (o *outbox) next(events chan HostEvent) (chan<- HostEvent, HostEvent) {
+	if len(o.queue) == 0 {
+		return nil, HostEvent{}
+	}
+	return events, o.queue[0].event()
+}
+
+// sent drops the first event: the consumer was sent it.
+func (o *outbox) sent() {
+	switch o.queue[0].kind {
+	case HostUp:
+		o.replica++
+	case HostDown:
+		o.replica--
+	}
+	o.queue[0] = pending{}
+	if o.queue = o.queue[1:]; len(o.queue) == 0 {
+		o.queue = nil // let go of the array behind a big snapshot
+	}
+	if o.unsynced > 0 {
+		o.unsynced--
+		o.syncedIf()
+	}
+}
+
+// catchUp replaces the queue by the events that take the consumer from
+// what it was sent to view, at revision rev. Only the hosts with queued
+// events can differ.
+func (o *outbox) catchUp(view map[string]*version, rev int64) {
+	has := map[string]*version{} // what the consumer has of each
+	var ids []string
+	for _, p := range o.queue {
+		id := p.v.meta.HostUUID
+		if _, ok := has[id]; !ok {
+			has[id] = p.before
 			ids = append(ids, id)
 		}
 	}
 	slices.Sort(ids)
-	var out []queued
+	var q []pending
 	for _, id := range ids {
-		h, ok := to[id]
-		if !ok {
-			out = append(out, down(from[id], rev, true))
-			continue
-		}
-		out = append(out, transition(from, h, rev, true)...)
+		q = transition(q, has[id], view[id], rev, true)
 	}
-	return out
+	o.queue = q
+	if o.unsynced > 0 {
+		// The snapshot is delivered with the catch-up.
+		o.unsynced = len(q)
+		o.syncedIf()
+	}
 }
 
-// apply applies one watch event to the view and returns the host events.
-func (w *HostWatcher) apply(ev *clientv3.Event) []queued {
-	var h watched
-	ok := false
-	if ev.Type != mvccpb.DELETE {
-		h, ok = w.decode(ev.Kv)
+// syncedIf closes Synced once no snapshot event is left to send.
+func (o *outbox) syncedIf() {
+	if o.unsynced == 0 {
+		close(o.synced)
 	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !ok {
-		// A value that is not a host (any more) counts as deleted.
-		id := strings.TrimPrefix(string(ev.Kv.Key), w.prefix)
-		old, had := w.hosts[id]
-		if !had {
-			return nil
-		}
-		delete(w.hosts, id)
-		return []queued{down(old, ev.Kv.ModRevision, false)}
-	}
-	out := transition(w.hosts, h, ev.Kv.ModRevision, false)
-	w.hosts[h.meta.HostUUID] = h
-	return out
-}
-
-// decode reads a host from kv; Self and values that are not hosts are
-// skipped.
-func (w *HostWatcher) decode(kv *mvccpb.KeyValue) (watched, bool) {
-	m, err := decodeHost(w.prefix, kv.Key, kv.Value)
-	if err != nil {
-		w.log.Warn("coord: skipping value that is not a host", "key", string(kv.Key), "err", err)
-		return watched{}, false
-	}
-	if m.HostUUID == w.self {
-		return watched{}, false
-	}
-	return watched{meta: m, lease: kv.Lease, modRev: kv.ModRevision}, true
-}
-
-// transition returns the events that take host h's entry in view to h.
-func transition(view map[string]watched, h watched, rev int64, synthetic bool) []queued {
-	old, had := view[h.meta.HostUUID]
-	up := queued{ev: HostEvent{Kind: HostUp, HostUUID: h.meta.HostUUID, Metadata: own(h.meta), Revision: rev, Synthetic: synthetic}, h: h}
-	switch {
-	case !had:
-		return []queued{up}
-	case old.lease != h.lease:
-		// Another lease: the host registered again.
-		return []queued{down(old, rev, synthetic), up}
-	case old.modRev != h.modRev:
-		up.ev.Kind = HostUpdated
-		return []queued{up}
-	}
-	return nil
-}
-
-// down returns the Down event of host h, carrying its last metadata.
-func down(h watched, rev int64, synthetic bool) queued {
-	return queued{ev: HostEvent{Kind: HostDown, HostUUID: h.meta.HostUUID, Metadata: own(h.meta), Revision: rev, Synthetic: synthetic}}
-}
-
-// own returns a copy of m that shares nothing with the watcher's view, so
-// that a consumer may change what it receives.
-func own(m HostMetadata) HostMetadata {
-	m.Labels = maps.Clone(m.Labels)
-	return m
 }

@@ -1,13 +1,24 @@
 package coord
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"os"
+	"runtime"
+	"runtime/debug"
+	"slices"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/go-coord/coord/coordtest"
 )
 
 // The hot paths of a HostWatcher, without etcd: decoding a host's value,
@@ -15,7 +26,12 @@ import (
 // Each has a "plain" baseline: what a user's own Get + Watch code does for
 // the same input (json.Unmarshal into a map). Run with
 //
-//	go test -bench . -run '^$' -benchmem
+//	go test -bench 'DecodeHost|WatcherApply|Resync|Hosts' -run '^$' -benchmem
+//
+// Then, against an embedded etcd and by hand (they take from seconds to a
+// minute): BenchmarkWatcherSync (time to Synced and heap per host, next to
+// the plain code) and BenchmarkWatcherStartStorm (200 watchers starting at
+// once on a three-member cluster).
 
 const benchPrefix = "/coord/hosts/"
 
@@ -57,7 +73,15 @@ func benchKVs(n int, lease, rev int64) []*mvccpb.KeyValue {
 // newBenchWatcher is a HostWatcher with no goroutine and no client: its
 // view and its decoding only.
 func newBenchWatcher() *HostWatcher {
-	return &HostWatcher{prefix: benchPrefix, log: discard, hosts: map[string]watched{}}
+	return &HostWatcher{prefix: benchPrefix, log: discard, hosts: map[string]*version{}}
+}
+
+// benchResync lists kvs, one page, at rev into w's view, and returns the
+// events.
+func benchResync(w *HostWatcher, kvs []*mvccpb.KeyValue, rev int64) []pending {
+	s := &snapshot{rev: rev}
+	w.read(s, kvs)
+	return w.resync(nil, s)
 }
 
 // plainDecode is the baseline's decoding of one value.
@@ -99,16 +123,16 @@ func BenchmarkWatcherApply(b *testing.B) {
 	kvs := benchKVs(n, 1, 10)
 	b.Run("coord/flap", func(b *testing.B) {
 		w := newBenchWatcher()
-		w.resync(kvs, 10)
+		benchResync(w, kvs, 10)
 		b.ReportAllocs()
 		i := 0
 		for b.Loop() {
 			kv := kvs[i%n]
 			rev := int64(11 + i)
 			if i%2 == 0 {
-				w.apply(&clientv3.Event{Type: mvccpb.DELETE, Kv: &mvccpb.KeyValue{Key: kv.Key, ModRevision: rev}})
+				w.apply(nil, &clientv3.Event{Type: mvccpb.DELETE, Kv: &mvccpb.KeyValue{Key: kv.Key, ModRevision: rev}})
 			} else {
-				w.apply(&clientv3.Event{Type: mvccpb.PUT, Kv: rewritten(kv, rev, rev, rev)})
+				w.apply(nil, &clientv3.Event{Type: mvccpb.PUT, Kv: rewritten(kv, rev, rev, rev)})
 			}
 			if i%2 == 1 {
 				i++ // next host
@@ -118,13 +142,13 @@ func BenchmarkWatcherApply(b *testing.B) {
 	})
 	b.Run("coord/update", func(b *testing.B) {
 		w := newBenchWatcher()
-		w.resync(kvs, 10)
+		benchResync(w, kvs, 10)
 		b.ReportAllocs()
 		i := 0
 		for b.Loop() {
 			kv := kvs[i%n]
 			up := rewritten(kv, kv.Lease, kv.CreateRevision, int64(11+i))
-			if evs := w.apply(&clientv3.Event{Type: mvccpb.PUT, Kv: up}); len(evs) != 1 || evs[0].ev.Kind != HostUpdated {
+			if evs := w.apply(nil, &clientv3.Event{Type: mvccpb.PUT, Kv: up}); len(evs) != 1 || evs[0].kind != HostUpdated {
 				b.Fatalf("events %v, want one Updated", evs)
 			}
 			i++
@@ -159,7 +183,7 @@ func BenchmarkResync(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
 				w := newBenchWatcher()
-				if evs := w.resync(kvs, 10); len(evs) != n {
+				if evs := benchResync(w, kvs, 10); len(evs) != n {
 					b.Fatalf("%d events, want %d", len(evs), n)
 				}
 			}
@@ -167,10 +191,10 @@ func BenchmarkResync(b *testing.B) {
 		})
 		b.Run(fmt.Sprintf("coord/unchanged/%d", n), func(b *testing.B) {
 			w := newBenchWatcher()
-			w.resync(kvs, 10)
+			benchResync(w, kvs, 10)
 			b.ReportAllocs()
 			for b.Loop() {
-				if evs := w.resync(kvs, 10); len(evs) != 0 {
+				if evs := benchResync(w, kvs, 10); len(evs) != 0 {
 					b.Fatalf("%d events, want none", len(evs))
 				}
 			}
@@ -191,11 +215,11 @@ func BenchmarkResync(b *testing.B) {
 			}
 			snaps := [2][]*mvccpb.KeyValue{kvs, next}
 			w := newBenchWatcher()
-			w.resync(kvs, 10)
+			benchResync(w, kvs, 10)
 			b.ReportAllocs()
 			i := 1
 			for b.Loop() {
-				if evs := w.resync(snaps[i%2], int64(20+i)); len(evs) == 0 {
+				if evs := benchResync(w, snaps[i%2], int64(20+i)); len(evs) == 0 {
 					b.Fatal("no events")
 				}
 				i++
@@ -218,9 +242,294 @@ func BenchmarkResync(b *testing.B) {
 // BenchmarkHosts copies the sorted view of 10,000 hosts.
 func BenchmarkHosts(b *testing.B) {
 	w := newBenchWatcher()
-	w.resync(benchKVs(10_000, 1, 10), 10)
+	benchResync(w, benchKVs(10_000, 1, 10), 10)
 	b.ReportAllocs()
 	for b.Loop() {
 		w.Hosts()
 	}
+}
+
+// BenchmarkWatcherSync starts a HostWatcher on n hosts held by an embedded
+// etcd, next to the plain code a user would write: Get, json.Unmarshal of
+// every host into a presized map[string]HostMetadata, Watch from the next
+// revision. The sides alternate within each iteration, so that they share
+// the machine's noise. Reported, medians over the iterations:
+//   - coord-ms, plain-ms, time-ratio: coord from NewHostWatcher to Synced,
+//     with a consumer reading every synthetic Up; plain from the Get to
+//     the Watch call.
+//   - coord-B/host, plain-B/host, heap-ratio: HeapAlloc after GC, once
+//     synced (and every Up read) minus before the start, per host. The
+//     consumer keeps nothing: the watcher's view is the replica.
+//
+// Run by hand, e.g.
+//
+//	go test -run '^$' -bench 'WatcherSync/hosts=20000' -benchtime 5x
+func BenchmarkWatcherSync(b *testing.B) {
+	for _, n := range []int{20_000, 100_000} {
+		b.Run(fmt.Sprintf("hosts=%d", n), func(b *testing.B) {
+			srv := coordtest.NewServer(b)
+			cli := srv.Client()
+			ctx := context.Background()
+			benchPutHosts(b, cli, benchPrefix, n)
+			var ct, pt, ch, ph []float64
+			for b.Loop() {
+				d, heap := benchSyncCoord(b, ctx, cli, n, WatcherOptions{Prefix: benchPrefix})
+				ct, ch = append(ct, d.Seconds()*1e3), append(ch, heap)
+				d, heap = benchSyncPlain(b, ctx, cli, n)
+				pt, ph = append(pt, d.Seconds()*1e3), append(ph, heap)
+			}
+			b.ReportMetric(benchMedian(ct), "coord-ms")
+			b.ReportMetric(benchMedian(pt), "plain-ms")
+			b.ReportMetric(benchMedian(ct)/benchMedian(pt), "time-ratio")
+			b.ReportMetric(benchMedian(ch), "coord-B/host")
+			b.ReportMetric(benchMedian(ph), "plain-B/host")
+			b.ReportMetric(benchMedian(ch)/benchMedian(ph), "heap-ratio")
+			b.Logf("coord ms %.0f, plain ms %.0f, coord B/host %.0f, plain B/host %.0f", ct, pt, ch, ph)
+		})
+	}
+}
+
+// benchPutHosts writes hosts 0..n-1 under prefix, 100 puts per Txn, under
+// one lease.
+func benchPutHosts(b *testing.B, cli *clientv3.Client, prefix string, n int) {
+	ctx := context.Background()
+	g, err := cli.Grant(ctx, 3600)
+	if err != nil {
+		b.Fatal(err)
+	}
+	const batch, writers = 100, 4
+	var wg sync.WaitGroup
+	errs := make([]error, writers)
+	for w := range writers {
+		wg.Go(func() {
+			for lo := w * batch; lo < n && errs[w] == nil; lo += writers * batch {
+				ops := make([]clientv3.Op, 0, batch)
+				for i := lo; i < min(lo+batch, n); i++ {
+					kv := benchKV(i, 0, 0)
+					ops = append(ops, clientv3.OpPut(string(kv.Key), string(kv.Value), clientv3.WithLease(g.ID)))
+				}
+				_, errs[w] = cli.Txn(ctx).Then(ops...).Commit()
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// benchHeap returns the live heap after a full collection.
+func benchHeap() int64 {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapAlloc)
+}
+
+func benchMedian(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// benchSyncCoord starts a watcher on the n hosts under opts.Prefix, reads
+// every synthetic Up, and returns the time to Synced and the heap per host
+// once synced.
+func benchSyncCoord(b *testing.B, ctx context.Context, cli *clientv3.Client, n int, opts WatcherOptions) (time.Duration, float64) {
+	h0 := benchHeap()
+	start := time.Now()
+	w, err := NewHostWatcher(ctx, cli, opts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer w.Close()
+	read := make(chan int)
+	go func() {
+		seen := 0
+		for range w.Events() {
+			if seen++; seen == n {
+				read <- seen
+			}
+		}
+	}()
+	<-w.Synced()
+	d := time.Since(start)
+	<-read
+	return d, float64(benchHeap()-h0) / float64(n)
+}
+
+// benchSyncPlain lists the n hosts under benchPrefix as a user would
+// without coord, and returns the time until its watch is started and the
+// heap per host then.
+func benchSyncPlain(b *testing.B, ctx context.Context, cli *clientv3.Client, n int) (time.Duration, float64) {
+	h0 := benchHeap()
+	start := time.Now()
+	resp, err := cli.Get(ctx, benchPrefix, clientv3.WithPrefix())
+	if err != nil {
+		b.Fatal(err)
+	}
+	hosts := make(map[string]HostMetadata, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		plainDecode(hosts, kv)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	wch := cli.Watch(wctx, benchPrefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+	d := time.Since(start)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for wr := range wch {
+			for _, ev := range wr.Events {
+				if ev.Type == clientv3.EventTypeDelete {
+					delete(hosts, strings.TrimPrefix(string(ev.Kv.Key), benchPrefix))
+				} else {
+					plainDecode(hosts, ev.Kv)
+				}
+			}
+		}
+	}()
+	defer func() { cancel(); <-done }()
+	if len(hosts) != n {
+		b.Fatalf("listed %d hosts, want %d", len(hosts), n)
+	}
+	return d, float64(benchHeap()-h0) / float64(n)
+}
+
+// BenchmarkWatcherStartStorm is a fleet restarting at once: a three-member
+// embedded etcd cluster holds 10,000 hosts, then 200 watchers, each on its
+// own client, start together. Each iteration runs the storm twice, in
+// alternating order: with the default PageSize ("paged") and with a
+// PageSize over the number of hosts ("unpaged": one Range each, as a
+// single Get would). Reported, medians over the iterations, per side:
+//   - last-ms: from the first NewHostWatcher to the last Synced;
+//   - median-ms: to the median watcher's Synced;
+//   - peak-MB: the process's peak resident memory during the storm, over
+//     what it was before (Linux only). It covers everything in this
+//     process: the three etcd members, the 200 clients and their
+//     watchers, whose views alone keep some 1.2 GB once synced;
+//   - views-MB: that live heap once every watcher is synced, so that
+//     peak-MB minus views-MB is what the storm needed on top: the
+//     responses etcd built and sent, the clients' buffers, garbage.
+//
+// Run by hand; it takes about a minute on two cores:
+//
+//	go test -run '^$' -bench WatcherStartStorm -benchtime 3x
+func BenchmarkWatcherStartStorm(b *testing.B) {
+	const hosts, watchers = 10_000, 200
+	c := coordtest.NewCluster(b, 3)
+	benchPutHosts(b, c.Client(), benchPrefix, hosts)
+	sides := []struct {
+		name string
+		page int
+	}{{"paged", 0}, {"unpaged", hosts + 1}}
+	res := map[string][4][]float64{}
+	i := 0
+	for b.Loop() {
+		for j := range sides {
+			side := sides[(i+j)%len(sides)] // alternate who goes first
+			last, median, peak, views := benchStorm(b, c, hosts, watchers, side.page)
+			r := res[side.name]
+			for k, x := range []float64{last, median, peak, views} {
+				r[k] = append(r[k], x)
+			}
+			res[side.name] = r
+		}
+		i++
+	}
+	for _, side := range sides {
+		r := res[side.name]
+		for k, unit := range []string{"last-ms", "median-ms", "peak-MB", "views-MB"} {
+			b.ReportMetric(benchMedian(r[k]), side.name+"-"+unit)
+		}
+		b.Logf("%s: last ms %.0f, median ms %.0f, peak MB %.0f, views MB %.0f", side.name, r[0], r[1], r[2], r[3])
+	}
+}
+
+// benchStorm starts watchers on their own clients at once, each with a
+// consumer reading every event, and waits until all are synced. It returns
+// the time to the last and the median Synced (ms), the peak resident
+// memory over before (MB; -1 where unknown) and the live heap then (MB).
+func benchStorm(b *testing.B, c *coordtest.Cluster, hosts, watchers, page int) (last, median, peak, views float64) {
+	ctx := context.Background()
+	clis := make([]*clientv3.Client, watchers)
+	for i := range clis {
+		clis[i] = c.NewClient(b)
+		if _, err := clis[i].Get(ctx, "x"); err != nil { // connected
+			b.Fatal(err)
+		}
+	}
+	heap0 := benchHeap()
+	debug.FreeOSMemory()
+	rss0 := benchResetPeakRSS()
+	start := time.Now()
+	synced := make([]float64, watchers)
+	var wg sync.WaitGroup
+	ws := make([]*HostWatcher, watchers)
+	for i := range ws {
+		w, err := NewHostWatcher(ctx, clis[i], WatcherOptions{Prefix: benchPrefix, PageSize: page})
+		if err != nil {
+			b.Fatal(err)
+		}
+		ws[i] = w
+		wg.Go(func() {
+			n := 0
+			for range w.Events() {
+				if n++; n == hosts {
+					synced[i] = time.Since(start).Seconds() * 1e3
+				}
+			}
+		})
+	}
+	deadline := time.After(2 * time.Minute)
+	for i, w := range ws {
+		select {
+		case <-w.Synced():
+		case <-deadline:
+			b.Fatalf("watcher %d not synced after 2 minutes (Err %v)", i, w.Err())
+		}
+	}
+	peak = -1
+	if hwm := benchPeakRSS(); rss0 >= 0 && hwm >= 0 {
+		peak = float64(hwm-rss0) / 1e6
+	}
+	views = float64(benchHeap()-heap0) / 1e6
+	for i, w := range ws {
+		w.Close()
+		clis[i].Close()
+	}
+	wg.Wait()
+	slices.Sort(synced)
+	return synced[len(synced)-1], synced[len(synced)/2], peak, views
+}
+
+// benchResetPeakRSS resets the kernel's record of the process's peak
+// resident memory and returns the resident memory now, in bytes; -1 where
+// the kernel does not offer it.
+func benchResetPeakRSS() int64 {
+	if os.WriteFile("/proc/self/clear_refs", []byte("5"), 0) != nil {
+		return -1
+	}
+	return benchStatus("VmRSS:")
+}
+
+// benchPeakRSS returns the process's peak resident memory since the last
+// reset, in bytes; -1 if unknown.
+func benchPeakRSS() int64 { return benchStatus("VmHWM:") }
+
+// benchStatus reads a "<field> <n> kB" line of the process's status.
+func benchStatus(field string) int64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return -1
+	}
+	for line := range strings.Lines(string(b)) {
+		if rest, ok := strings.CutPrefix(line, field); ok {
+			var kb int64
+			if _, err := fmt.Sscanf(rest, "%d kB", &kb); err == nil {
+				return kb << 10
+			}
+		}
+	}
+	return -1
 }

@@ -12,12 +12,17 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+
+	"github.com/go-coord/coord/coordtest"
 )
 
 func TestHostWatcher(t *testing.T) {
@@ -549,6 +554,68 @@ func TestHostWatcher(t *testing.T) {
 		}
 	})
 
+	t.Run("catches a consumer behind past MaxBacklog up with a synthetic Down of a host it was sent", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		ctx, prefix := testCtx(t), prefixFor(t)
+		lease := wtGrant(t, cli)
+		for _, id := range []string{"a", "b", "c"} {
+			wtPut(t, cli, prefix, meta(id), lease)
+		}
+		tap, log := newLogTap()
+		w := wtWatch(t, ctx, cli, WatcherOptions{Prefix: prefix, Buffer: 1, MaxBacklog: 2, Logger: log})
+		r := newWtReplica(t)
+		for range 3 {
+			r.apply(next(t, w))
+		}
+		if !closedWithin(w.Synced()) {
+			t.Fatal("Synced not closed")
+		}
+		// The consumer, sent Up for a, b and c, reads nothing while one
+		// transaction deletes b and brings ten hosts up: one watch
+		// response of 11 events, past MaxBacklog plus twice the 3 hosts it
+		// was sent, so the queue is replaced by the differences before any
+		// of it is sent. b's Down is one of them.
+		ops := []clientv3.Op{clientv3.OpDelete(prefix + "b")}
+		for i := range 10 {
+			id := fmt.Sprintf("y%02d", i)
+			ops = append(ops, clientv3.OpPut(prefix+id, wtJSON(meta(id)), clientv3.WithLease(lease)))
+		}
+		txn, err := cli.Txn(ctx).Then(ops...).Commit()
+		if err != nil {
+			t.Fatal(err)
+		}
+		tap.wait(t, "coord: consumer behind, sending differences", 1)
+
+		// Everything up to a marker written after the catch-up (which may
+		// catch the consumer up again, as it is still behind).
+		wtPut(t, cli, prefix, meta("zz-marker"), lease)
+		var down *HostEvent
+		for {
+			ev := next(t, w)
+			r.apply(ev)
+			if ev.Kind == HostDown && ev.HostUUID == "b" {
+				down = &ev
+			}
+			if ev.HostUUID == "zz-marker" {
+				break
+			}
+		}
+		if truth := wtTruth(t, cli, prefix); !reflect.DeepEqual(r.hosts, truth) {
+			t.Fatalf("replica %v, etcd %v", slices.Sorted(maps.Keys(r.hosts)), slices.Sorted(maps.Keys(truth)))
+		}
+		if down == nil {
+			t.Fatal("no Down of b")
+		}
+		wtCheck(t, *down, meta("b"), 0, true)
+		if down.Revision < txn.Header.Revision {
+			t.Fatalf("Down of b at revision %d, before its delete at %d", down.Revision, txn.Header.Revision)
+		}
+		quiet(t, cli, w, prefix)
+		if w.Err() != nil {
+			t.Fatalf("Err %v", w.Err())
+		}
+	})
+
 	t.Run("keeps running across an etcd restart", func(t *testing.T) {
 		srv, cli := newEtcd(t)
 		ctx, prefix := testCtx(t), prefixFor(t)
@@ -615,6 +682,242 @@ func TestHostWatcher(t *testing.T) {
 		}
 		if w.Err() != nil {
 			t.Fatalf("Err %v", w.Err())
+		}
+	})
+
+	t.Run("lists in pages of PageSize hosts, each read at the first page's revision", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		ctx, prefix := testCtx(t), prefixFor(t)
+		lease := wtGrant(t, cli)
+		for _, id := range []string{"a", "b", "c", "d", "e", "f", "g"} {
+			wtPut(t, cli, prefix, meta(id), lease)
+		}
+		e := meta("e")
+		e.Version = "2.0"
+		var changed int64 // the revision of the changes made between pages
+		c, ranges := wtRangeClient(t, srv.ClientConfig(), func(n int) {
+			if n != 2 {
+				return
+			}
+			// Between the first page and the second: a host of a later
+			// page goes, one comes, one is updated. Read at the first
+			// page's revision, the listing sees none of it.
+			resp, err := cli.Txn(ctx).Then(clientv3.OpDelete(prefix+"f"),
+				clientv3.OpPut(prefix+"cc", wtJSON(meta("cc")), clientv3.WithLease(lease)),
+				clientv3.OpPut(prefix+"e", wtJSON(e), clientv3.WithLease(lease))).Commit()
+			if err != nil {
+				t.Errorf("changing hosts between pages: %v", err)
+				return
+			}
+			atomic.StoreInt64(&changed, resp.Header.Revision)
+		})
+		w := wtWatch(t, ctx, c, WatcherOptions{Prefix: prefix, PageSize: 3})
+		r := newWtReplica(t)
+		var snap int64
+		for _, id := range []string{"a", "b", "c", "d", "e", "f", "g"} {
+			ev := expect(t, w, HostUp, id)
+			r.apply(ev)
+			if snap == 0 {
+				snap = ev.Revision
+			}
+			if !ev.Synthetic || ev.Revision != snap || !reflect.DeepEqual(ev.Metadata, meta(id)) {
+				t.Fatalf("snapshot event %+v, want synthetic at revision %d with %+v", ev, snap, meta(id))
+			}
+		}
+		if !closedWithin(w.Synced()) {
+			t.Fatal("Synced not closed")
+		}
+		rev := atomic.LoadInt64(&changed)
+		for _, want := range []struct {
+			kind HostEventKind
+			m    HostMetadata
+		}{{HostDown, meta("f")}, {HostUp, meta("cc")}, {HostUpdated, e}} {
+			ev := expect(t, w, want.kind, want.m.HostUUID)
+			wtCheck(t, ev, want.m, rev, false)
+			r.apply(ev)
+		}
+		if rev <= snap {
+			t.Fatalf("changes at revision %d, not after the snapshot at %d", rev, snap)
+		}
+		quiet(t, cli, w, prefix)
+		if truth := wtTruth(t, cli, prefix); !reflect.DeepEqual(r.hosts, truth) {
+			t.Fatalf("replica %v, etcd %v", slices.Sorted(maps.Keys(r.hosts)), slices.Sorted(maps.Keys(truth)))
+		}
+		pages := ranges.list()
+		if len(pages) != 3 {
+			t.Fatalf("%d Range responses, want 3 pages of 3, 3 and 1 hosts: %+v", len(pages), pages)
+		}
+		for i, p := range pages {
+			more := i < 2
+			if p.limit != 3 || p.kvs > 3 || p.more != more || (i > 0 && p.rev != snap) {
+				t.Fatalf("page %d: %+v, want at most 3 hosts (limit 3), more %v, read at revision %d", i+1, p, more, snap)
+			}
+		}
+	})
+
+	t.Run("lists again from the first page when a page's revision is compacted away", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		ctx, prefix := testCtx(t), prefixFor(t)
+		lease := wtGrant(t, cli)
+		for _, id := range []string{"a", "b", "c"} {
+			wtPut(t, cli, prefix, meta(id), lease)
+		}
+		var compacted int64
+		c, ranges := wtRangeClient(t, srv.ClientConfig(), func(n int) {
+			if n != 2 {
+				return
+			}
+			// Before the second page: a host comes, and etcd compacts
+			// its history up to it, the first page's revision included.
+			put, err := cli.Put(ctx, prefix+"b2", wtJSON(meta("b2")), clientv3.WithLease(lease))
+			if err == nil {
+				_, err = cli.Compact(ctx, put.Header.Revision, clientv3.WithCompactPhysical())
+			}
+			if err != nil {
+				t.Errorf("compacting between pages: %v", err)
+				return
+			}
+			atomic.StoreInt64(&compacted, put.Header.Revision)
+		})
+		tap, log := newLogTap()
+		w := wtWatch(t, ctx, c, WatcherOptions{Prefix: prefix, PageSize: 2, Logger: log})
+		rev := int64(0)
+		for _, id := range []string{"a", "b", "b2", "c"} {
+			ev := expect(t, w, HostUp, id)
+			rev = atomic.LoadInt64(&compacted)
+			wtCheck(t, ev, meta(id), rev, true)
+		}
+		if !closedWithin(w.Synced()) {
+			t.Fatal("Synced not closed")
+		}
+		if tap.count("coord: listing compacted away, listing again") != 1 {
+			t.Fatal("no record of the listing started again")
+		}
+		quiet(t, cli, w, prefix)
+		// Answered: the first page (the second failed), then the listing
+		// again: its first page at the latest revision, its second at that.
+		if pages := ranges.list(); len(pages) != 3 || pages[1].rev != 0 || pages[2].rev != rev {
+			t.Fatalf("Range responses %+v, want the first page, then two pages, the second read at %d", pages, rev)
+		}
+	})
+
+	t.Run("lists again in pages after a compaction, reusing what did not change", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		ctx, prefix := testCtx(t), prefixFor(t)
+		lease := wtGrant(t, cli)
+		for _, id := range []string{"a", "b", "c", "m", "y", "z"} {
+			wtPut(t, cli, prefix, meta(id), lease)
+		}
+		px := srv.NewProxy(t)
+		c, ranges := wtRangeClient(t, px.ClientConfig(), nil)
+		w := wtWatch(t, ctx, c, WatcherOptions{Prefix: prefix, PageSize: 2})
+		r := newWtReplica(t)
+		for range 6 {
+			r.apply(next(t, w))
+		}
+		if !closedWithin(w.Synced()) {
+			t.Fatal("Synced not closed")
+		}
+		listed := len(ranges.list())
+
+		// As in the compaction test above: the watch resumes after the
+		// compacted revision and breaks; the watcher lists again.
+		px.Blackhole()
+		m := meta("m")
+		m.Version = "2.0"
+		wtPut(t, cli, prefix, m, lease)
+		wtPut(t, cli, prefix, meta("n"), lease)
+		for _, id := range []string{"a", "z"} { // the first and the last go
+			if _, err := cli.Delete(ctx, prefix+id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rev := srv.Compact(ctx)
+		srv.Stop()
+		px.Unblackhole()
+		srv.Restart()
+
+		for _, want := range []struct {
+			kind HostEventKind
+			id   string
+		}{{HostDown, "a"}, {HostUpdated, "m"}, {HostUp, "n"}, {HostDown, "z"}} {
+			ev := expect(t, w, want.kind, want.id)
+			if !ev.Synthetic || ev.Revision != rev {
+				t.Fatalf("resync event %+v, want synthetic at revision %d", ev, rev)
+			}
+			r.apply(ev)
+		}
+		quiet(t, cli, w, prefix)
+		if truth := wtTruth(t, cli, prefix); !reflect.DeepEqual(r.hosts, truth) {
+			t.Fatalf("replica %v, etcd %v", slices.Sorted(maps.Keys(r.hosts)), slices.Sorted(maps.Keys(truth)))
+		}
+		// b, c, m, n, y: three pages of at most 2.
+		pages := ranges.list()[listed:]
+		if len(pages) != 3 {
+			t.Fatalf("the listing again took %d Range responses, want 3: %+v", len(pages), pages)
+		}
+		for i, p := range pages {
+			if p.limit != 2 || p.kvs > 2 || (i > 0 && p.rev != rev) {
+				t.Fatalf("page %d of the listing again: %+v, want at most 2 hosts, read at revision %d", i+1, p, rev)
+			}
+		}
+	})
+
+	t.Run("starts many watchers at once on a three-member cluster, each in pages", func(t *testing.T) {
+		c := coordtest.NewCluster(t, 3)
+		cli := c.Client()
+		ctx, prefix := testCtx(t), prefixFor(t)
+		const hosts, watchers, page = 300, 12, 40
+		lease := wtGrant(t, cli)
+		for i := 0; i < hosts; i += 100 {
+			var ops []clientv3.Op
+			for j := i; j < i+100; j++ {
+				id := fmt.Sprintf("h%04d", j)
+				ops = append(ops, clientv3.OpPut(prefix+id, wtJSON(meta(id)), clientv3.WithLease(lease)))
+			}
+			if _, err := cli.Txn(ctx).Then(ops...).Commit(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		truth := wtTruth(t, cli, prefix)
+		// Each on its own client: its pages go to any member.
+		ws := make([]*HostWatcher, watchers)
+		rs := make([]*wtRanges, watchers)
+		for i := range ws {
+			var cc *clientv3.Client
+			cc, rs[i] = wtRangeClient(t, c.ClientConfig(), nil)
+			ws[i] = wtWatch(t, ctx, cc, WatcherOptions{Prefix: prefix, PageSize: page})
+		}
+		var wg sync.WaitGroup
+		replicas := make([]map[string]HostMetadata, watchers)
+		for i, w := range ws {
+			wg.Go(func() {
+				replicas[i] = map[string]HostMetadata{}
+				for ev := range w.Events() {
+					replicas[i][ev.HostUUID] = ev.Metadata
+					if len(replicas[i]) == hosts {
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		for i, w := range ws {
+			if !closedWithin(w.Synced()) {
+				t.Fatalf("watcher %d: Synced not closed", i)
+			}
+			if !reflect.DeepEqual(replicas[i], truth) {
+				t.Fatalf("watcher %d: replica of %d hosts differs from etcd's %d", i, len(replicas[i]), len(truth))
+			}
+			pages := rs[i].list()
+			for _, p := range pages {
+				if p.kvs > page {
+					t.Fatalf("watcher %d: a Range response of %d hosts, over PageSize %d", i, p.kvs, page)
+				}
+			}
+			if len(pages) < hosts/page {
+				t.Fatalf("watcher %d: %d Range responses for %d hosts in pages of %d", i, len(pages), hosts, page)
+			}
 		}
 	})
 
@@ -734,6 +1037,7 @@ func TestHostWatcher(t *testing.T) {
 			{nil, WatcherOptions{}, ErrNilClient},
 			{cli, WatcherOptions{Prefix: "/coord/hosts"}, ErrInvalidKey},
 			{cli, WatcherOptions{Buffer: -1}, ErrInvalidBuffer},
+			{cli, WatcherOptions{PageSize: -1}, ErrInvalidBuffer},
 		} {
 			w, err := NewHostWatcher(ctx, tc.cli, tc.opts)
 			if !errors.Is(err, tc.want) || w != nil {
@@ -964,4 +1268,61 @@ func (l *wtLog) has(msg, key string) bool {
 		}
 	}
 	return false
+}
+
+// wtRange is one Range a client sent and the answer it got.
+type wtRange struct {
+	limit, rev int64 // asked for: at most limit keys, at revision rev
+	kvs        int   // the keys it got
+	more       bool  // whether more keys are left
+}
+
+// wtRanges records the Ranges a client sends and answers it gets.
+type wtRanges struct {
+	mu  sync.Mutex
+	log []wtRange
+	n   int
+}
+
+func (r *wtRanges) list() []wtRange {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.log)
+}
+
+// wtRangeClient returns a client made from cfg, closed at the end of the
+// test, that records each answered Range. Before sending its nth Range
+// (from 1) it calls before(n), if given: a fault injected at that moment.
+func wtRangeClient(t *testing.T, cfg clientv3.Config, before func(n int)) (*clientv3.Client, *wtRanges) {
+	t.Helper()
+	r := &wtRanges{}
+	cfg.DialOptions = append(slices.Clone(cfg.DialOptions),
+		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any,
+			cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			rr, ok := req.(*pb.RangeRequest)
+			if !ok {
+				return invoker(ctx, method, req, reply, cc, opts...)
+			}
+			r.mu.Lock()
+			r.n++
+			n := r.n
+			r.mu.Unlock()
+			if before != nil {
+				before(n)
+			}
+			err := invoker(ctx, method, req, reply, cc, opts...)
+			if err == nil {
+				resp := reply.(*pb.RangeResponse)
+				r.mu.Lock()
+				r.log = append(r.log, wtRange{limit: rr.Limit, rev: rr.Revision, kvs: len(resp.Kvs), more: resp.More})
+				r.mu.Unlock()
+			}
+			return err
+		}))
+	c, err := clientv3.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c, r
 }

@@ -1,0 +1,1248 @@
+package coord
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/go-coord/coord/coordtest"
+)
+
+// shWork is where the Runs of the tests write their shards' work.
+const shWork = "/test/work/"
+
+// shPace paces the writes of a Run: a workload, not a synchronisation.
+const shPace = 20 * time.Millisecond
+
+// shNames returns n shard names.
+func shNames(n int) []string {
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf("shard-%04d", i)
+	}
+	return names
+}
+
+// shIDs returns n host UUIDs.
+func shIDs(n int) []string {
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("host-%02d", i)
+	}
+	return ids
+}
+
+// shRank returns hosts ranked for shard, best first, as every ShardSet
+// ranks them.
+func shRank(shard string, hosts []string) []string { return RankHosts(shard, hosts) }
+
+// shTops returns the best-ranked host of each shard.
+func shTops(shards, hosts []string) map[string]string {
+	top := map[string]string{}
+	for _, s := range shards {
+		top[s] = shRank(s, hosts)[0]
+	}
+	return top
+}
+
+// shCount returns how many shards each host tops.
+func shCount(top map[string]string) map[string]int {
+	n := map[string]int{}
+	for _, h := range top {
+		n[h]++
+	}
+	return n
+}
+
+// shOrdered returns a and b such that b ranks before a for shard.
+func shOrdered(shard, a, b string) (string, string) {
+	if ranksBefore(shard, a, b) {
+		return b, a
+	}
+	return a, b
+}
+
+// shEvent is a shard signal and when it came.
+type shEvent struct {
+	Signal
+	at time.Time
+}
+
+// shWrite is a fenced write that etcd accepted.
+type shWrite struct {
+	shard, host string
+	token, rev  int64
+}
+
+// shLedger records the shard signals and the fenced writes of every host
+// of a test, and wakes those waiting for a state at each signal.
+type shLedger struct {
+	mu      sync.Mutex
+	events  []shEvent
+	writes  []shWrite
+	changed chan struct{} // closed and replaced at each signal
+}
+
+func newShLedger() *shLedger { return &shLedger{changed: make(chan struct{})} }
+
+// hook is an OnSignal that records the shard signals.
+func (l *shLedger) hook(sig Signal) {
+	if sig.Kind != SignalShardAcquired && sig.Kind != SignalShardReleased {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.events = append(l.events, shEvent{sig, time.Now()})
+	close(l.changed)
+	l.changed = make(chan struct{})
+}
+
+// until waits until cond holds, checking it again at each shard signal
+// (ownership changes before its signal is sent), failing after patience.
+func (l *shLedger) until(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.After(patience())
+	for {
+		l.mu.Lock()
+		changed := l.changed
+		l.mu.Unlock()
+		if cond() {
+			return
+		}
+		select {
+		case <-changed:
+		case <-deadline:
+			t.Fatalf("not %s before the deadline", what)
+		}
+	}
+}
+
+// mark returns the position of the next event.
+func (l *shLedger) mark() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.events)
+}
+
+// since returns the events of kind from position i on.
+func (l *shLedger) since(i int, kind SignalKind) []shEvent {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []shEvent
+	for _, ev := range l.events[i:] {
+		if ev.Kind == kind {
+			out = append(out, ev)
+		}
+	}
+	return out
+}
+
+// waitEvent waits for an event of kind about shard by host from position
+// i on, and returns it.
+func (l *shLedger) waitEvent(t *testing.T, i int, kind SignalKind, host, shard string) shEvent {
+	t.Helper()
+	var found shEvent
+	l.until(t, fmt.Sprintf("%v of %s by %s", kind, shard, host), func() bool {
+		for _, ev := range l.since(i, kind) {
+			if ev.Host == host && ev.Key == shard {
+				found = ev
+				return true
+			}
+		}
+		return false
+	})
+	return found
+}
+
+// write puts the shard's work through cli under its Guard, and records it
+// if etcd accepted it.
+func (l *shLedger) write(cli *clientv3.Client, host string, s Shard) bool {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	resp, err := cli.Txn(ctx).If(s.Guard).
+		Then(clientv3.OpPut(shWork+s.Name, fmt.Sprintf("%s/%d", host, s.Token))).Commit()
+	if err != nil || !resp.Succeeded {
+		return false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.writes = append(l.writes, shWrite{s.Name, host, s.Token, resp.Header.Revision})
+	return true
+}
+
+// writer returns a Run that writes its shard's work under its Guard until
+// its ctx ends.
+func (l *shLedger) writer(cli *clientv3.Client, host string) func(context.Context, Shard) {
+	return func(ctx context.Context, s Shard) {
+		for ctx.Err() == nil {
+			l.write(cli, host, s)
+			select {
+			case <-ctx.Done():
+			case <-time.After(shPace):
+			}
+		}
+	}
+}
+
+// acked returns the writes whose success etcd answered.
+func (l *shLedger) acked() []shWrite {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.writes)
+}
+
+// waitWrites waits until host has n more answered writes than it had
+// when before was taken (see writesOf).
+func (l *shLedger) waitWrites(t *testing.T, host string, before, n int) {
+	t.Helper()
+	etUntil(t, fmt.Sprintf("%d more writes of %s", n, host), func() bool { return l.writesOf(host) >= before+n })
+}
+
+// writesOf returns how many answered writes host made.
+func (l *shLedger) writesOf(host string) int {
+	n := 0
+	for _, w := range l.acked() {
+		if w.host == host {
+			n++
+		}
+	}
+	return n
+}
+
+// shHistory returns every write of the Runs that etcd applied, answered
+// or not, from the history of their keys (the tests that use it do not
+// compact).
+func shHistory(t *testing.T, cli *clientv3.Client) []shWrite {
+	t.Helper()
+	ctx, cancel := context.WithCancel(testCtx(t))
+	defer cancel()
+	// The end of the history: a write after all others.
+	end, err := cli.Put(ctx, shWork+"~end", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []shWrite
+	for wr := range cli.Watch(ctx, shWork, clientv3.WithPrefix(), clientv3.WithRev(1)) {
+		if wr.Err() != nil {
+			t.Fatalf("history: %v", wr.Err())
+		}
+		for _, ev := range wr.Events {
+			if ev.Kv.ModRevision == end.Header.Revision {
+				return out
+			}
+			host, token, _ := strings.Cut(string(ev.Kv.Value), "/")
+			tok, err := strconv.ParseInt(token, 10, 64)
+			if err != nil {
+				t.Fatalf("history: %q: %v", ev.Kv.Value, err)
+			}
+			out = append(out, shWrite{strings.TrimPrefix(string(ev.Kv.Key), shWork), host, tok, ev.Kv.ModRevision})
+		}
+	}
+	t.Fatal("history cut short")
+	return nil
+}
+
+// shCheck goes through the fenced writes of each shard in etcd's order: a
+// token never goes back, and a token is one host's. It returns the writes
+// that break that (overlaps) and the handoffs (token changes).
+func shCheck(ws []shWrite) (overlaps, handoffs int) {
+	by := map[string][]shWrite{}
+	for _, w := range ws {
+		by[w.shard] = append(by[w.shard], w)
+	}
+	for _, ws := range by {
+		slices.SortFunc(ws, func(a, b shWrite) int { return cmp.Compare(a.rev, b.rev) })
+		for i := 1; i < len(ws); i++ {
+			p, w := ws[i-1], ws[i]
+			switch {
+			case w.token < p.token || w.token == p.token && w.host != p.host:
+				overlaps++
+			case w.token > p.token:
+				handoffs++
+			}
+		}
+	}
+	return overlaps, handoffs
+}
+
+// idle is a Run that waits for its ctx to end.
+func idle(ctx context.Context, _ Shard) { <-ctx.Done() }
+
+// shHost is a host of a test: its link to etcd, client, registration
+// and shard set.
+type shHost struct {
+	id   string
+	px   *coordtest.Proxy
+	cli  *clientv3.Client
+	live *HostLiveness
+	set  *ShardSet
+}
+
+// shRegister registers each id (liveness TTL 1s) on a client of its own,
+// through a proxy of its own.
+func shRegister(t *testing.T, srv *coordtest.Server, ids ...string) []*shHost {
+	t.Helper()
+	var hs []*shHost
+	for _, id := range ids {
+		h := &shHost{id: id, px: srv.NewProxy(t)}
+		h.cli = h.px.NewClient(t)
+		h.live = register(t, h.cli, id, LivenessOptions{})
+		hs = append(hs, h)
+	}
+	return hs
+}
+
+// crash makes h crash: nothing more of it reaches etcd, where its leases
+// expire, and its client is closed.
+func (h *shHost) crash() {
+	h.px.Blackhole()
+	h.cli.Close()
+}
+
+// start starts h's shard set with opts, closed at the end of the test.
+// Unset: TTL 2s×scale, Run idle, OnSignal l.hook.
+func (h *shHost) start(t *testing.T, l *shLedger, opts ShardOptions) *shHost {
+	t.Helper()
+	h.set = shSet(t, h.cli, h.id, l, opts)
+	return h
+}
+
+// shSet starts a shard set of self on cli (see shHost.start).
+func shSet(t *testing.T, cli *clientv3.Client, self string, l *shLedger, opts ShardOptions) *ShardSet {
+	t.Helper()
+	opts.Self = self
+	if opts.TTL == 0 {
+		opts.TTL = 2 * time.Second * scale
+	}
+	if opts.Run == nil {
+		opts.Run = idle
+	}
+	if opts.OnSignal == nil {
+		opts.OnSignal = l.hook
+	}
+	s, err := NewShardSet(testCtx(t), cli, opts)
+	if err != nil {
+		t.Fatalf("NewShardSet(%s): %v", self, err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// shIDsOf returns the ids of hosts.
+func shIDsOf(hosts []*shHost) []string {
+	var ids []string
+	for _, h := range hosts {
+		ids = append(ids, h.id)
+	}
+	return ids
+}
+
+// shOwners returns, for each shard, the hosts whose Owned lists it.
+func shOwners(hosts []*shHost) map[string][]string {
+	owners := map[string][]string{}
+	for _, h := range hosts {
+		if h.set == nil {
+			continue
+		}
+		for _, s := range h.set.Owned() {
+			owners[s.Name] = append(owners[s.Name], h.id)
+		}
+	}
+	return owners
+}
+
+// shSettle waits until each shard is owned by its best-ranked host among
+// live, and by no other host of all; it returns the owners.
+func shSettle(t *testing.T, l *shLedger, shards []string, live, all []*shHost) map[string]string {
+	t.Helper()
+	top := shTops(shards, shIDsOf(live))
+	l.until(t, "settled", func() bool {
+		owners := shOwners(all)
+		for _, s := range shards {
+			if !slices.Equal(owners[s], []string{top[s]}) {
+				return false
+			}
+		}
+		return true
+	})
+	return top
+}
+
+// shP99 returns the 99th percentile of ds.
+func shP99(ds []time.Duration) time.Duration {
+	ds = slices.Clone(ds)
+	slices.Sort(ds)
+	return ds[int(math.Ceil(0.99*float64(len(ds))))-1]
+}
+
+// shFair checks that got, the count of one of m equally likely outcomes
+// in k draws, is what a fair draw gives: within 4 standard deviations of
+// k/m. A rendezvous hash assigns each shard independently, so its spread is
+// a fair draw's at best: at K/N = 128 one standard deviation is 8.7% of
+// the mean, and among 32 hosts the farthest is typically 2 to 3 of them
+// away.
+func shFair(got, k, m int) (dev, sigmas float64, ok bool) {
+	p := 1 / float64(m)
+	mean, sd := float64(k)*p, math.Sqrt(float64(k)*p*(1-p))
+	d := float64(got) - mean
+	return d / mean, d / sd, math.Abs(d) <= 4*sd
+}
+
+func TestShardRanking(t *testing.T) {
+	const k, n = 4096, 32
+	shards, hosts := shNames(k), shIDs(n+1)
+	t.Run("4096 shards spread over 32 hosts as a fair draw", func(t *testing.T) {
+		counts := shCount(shTops(shards, hosts[:n]))
+		var sum float64
+		for _, h := range hosts[:n] {
+			_, sigmas, ok := shFair(counts[h], k, n)
+			sum += sigmas * sigmas
+			if !ok {
+				t.Fatalf("%s tops %d shards: %+.1fσ from K/N", h, counts[h], sigmas)
+			}
+		}
+		all := slices.Sorted(maps.Values(counts))
+		rms := math.Sqrt(sum / n)
+		t.Logf("K=%d N=%d: %d to %d shards per host, K/N = %d (%+.1f%% to %+.1f%%), %.2fσ on average; per host %v",
+			k, n, all[0], all[n-1], k/n, 100*(float64(all[0]*n)/k-1), 100*(float64(all[n-1]*n)/k-1), rms, all)
+		// The spread as a whole is a fair draw's: its variance is the
+		// binomial one.
+		if rms < 0.7 || rms > 1.3 {
+			t.Fatalf("spread %.2fσ on average, a fair draw gives 1", rms)
+		}
+	})
+	t.Run("a host joining takes about K/(N+1) shards, all from others; leaving gives back only its own", func(t *testing.T) {
+		before, after := shTops(shards, hosts[:n]), shTops(shards, hosts)
+		joined := hosts[n]
+		moved := 0
+		for _, s := range shards {
+			if before[s] != after[s] {
+				moved++
+				if after[s] != joined {
+					t.Fatalf("%s moved from %s to %s, not to the host that joined", s, before[s], after[s])
+				}
+			}
+		}
+		dev, sigmas, ok := shFair(moved, k, n+1)
+		t.Logf("join: %d of %d shards moved, all to the new host (K/(N+1) = %.0f: %+.1f%%, %+.1fσ)", moved, k, float64(k)/(n+1), 100*dev, sigmas)
+		if !ok {
+			t.Fatalf("%d shards moved: %+.1fσ from K/(N+1)", moved, sigmas)
+		}
+		// A host leaving: what it topped goes to the next-ranked, the
+		// rest stays.
+		left := hosts[3]
+		rest := slices.DeleteFunc(slices.Clone(hosts[:n]), func(h string) bool { return h == left })
+		gone := shTops(shards, rest)
+		moved = 0
+		for _, s := range shards {
+			if (before[s] != gone[s]) != (before[s] == left) {
+				t.Fatalf("%s: %s before, %s after %s left", s, before[s], gone[s], left)
+			}
+			if before[s] != gone[s] {
+				moved++
+			}
+		}
+		t.Logf("leave: %d of %d shards moved, all %s's", moved, k, left)
+	})
+}
+
+func TestShardSpread(t *testing.T) {
+	srv, _ := newEtcd(t)
+	l := newShLedger()
+	shards := shNames(64)
+	hosts := shRegister(t, srv, shIDs(4)...)
+	for _, h := range hosts {
+		h.start(t, l, ShardOptions{Shards: shards})
+	}
+	shSettle(t, l, shards, hosts, hosts)
+	mean := float64(len(shards)) / float64(len(hosts))
+	for _, h := range hosts {
+		n := len(h.set.Owned())
+		t.Logf("K=64 N=4: %s owns %d shards (K/N = %.0f, %+.0f%%)", h.id, n, mean, 100*(float64(n)/mean-1))
+		if float64(n) < 0.5*mean || float64(n) > 1.5*mean {
+			t.Fatalf("%s owns %d shards, want within ±50%% of %.0f", h.id, n, mean)
+		}
+	}
+}
+
+// shMoves checks that the shard signals from mark on are those of the
+// moves from one owner to another (by shard) and no more: each shard that
+// moved released once by its owner, because of why, and acquired once by
+// its new one. It returns the shards that moved.
+func shMoves(t *testing.T, l *shLedger, mark int, from, to map[string]string, why error) []string {
+	t.Helper()
+	var moved []string
+	for s, h := range to {
+		if from[s] != h {
+			moved = append(moved, s)
+		}
+	}
+	acq, rel := l.since(mark, SignalShardAcquired), l.since(mark, SignalShardReleased)
+	for _, ev := range acq {
+		if from[ev.Key] == to[ev.Key] || ev.Host != to[ev.Key] {
+			t.Fatalf("%s acquired %s, which moved from %s to %s", ev.Host, ev.Key, from[ev.Key], to[ev.Key])
+		}
+	}
+	for _, ev := range rel {
+		if from[ev.Key] == to[ev.Key] || ev.Host != from[ev.Key] || !errors.Is(ev.Err, why) {
+			t.Fatalf("%s released %s (%v), which moved from %s to %s", ev.Host, ev.Key, ev.Err, from[ev.Key], to[ev.Key])
+		}
+	}
+	if len(acq) != len(moved) || len(rel) != len(moved) {
+		t.Fatalf("%d acquired, %d released, %d moved", len(acq), len(rel), len(moved))
+	}
+	slices.Sort(moved)
+	return moved
+}
+
+func TestShardMovement(t *testing.T) {
+	srv, _ := newEtcd(t)
+	l := newShLedger()
+	tap, tlog := newLogTap()
+	t.Cleanup(func() {
+		if t.Failed() {
+			tap.dump(t)
+		}
+	})
+	shards := shNames(24)
+	hosts := shRegister(t, srv, shIDs(3)...)
+	for _, h := range hosts {
+		h.start(t, l, ShardOptions{Shards: shards, Logger: tlog.With("host", h.id)})
+	}
+	before := shSettle(t, l, shards, hosts, hosts)
+
+	// Join: only the shards the new host tops move, all to it.
+	mark := l.mark()
+	joined := shRegister(t, srv, "host-03")[0]
+	hosts = append(hosts, joined.start(t, l, ShardOptions{Shards: shards, Logger: tlog.With("host", "host-03")}))
+	after := shSettle(t, l, shards, hosts, hosts)
+	moved := shMoves(t, l, mark, before, after, errBetterHost)
+	t.Logf("join: %d of %d shards moved, all to %s (K/(N+1) = %.0f)", len(moved), len(shards), joined.id, float64(len(shards))/4)
+	if len(moved) == 0 || len(moved) > len(shards)/2 {
+		t.Fatalf("join moved %d shards, want about %d", len(moved), len(shards)/4)
+	}
+	for _, s := range moved {
+		if after[s] != joined.id {
+			t.Fatalf("%s moved to %s", s, after[s])
+		}
+	}
+
+	// Leave: only the leaver's shards move, to their next-ranked hosts.
+	mark = l.mark()
+	leaver := hosts[1]
+	leaver.set.Close()
+	if err := leaver.live.Stop(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	rest := []*shHost{hosts[0], hosts[2], hosts[3]}
+	moved = shMoves(t, l, mark, after, shSettle(t, l, shards, rest, hosts), ErrClosed)
+	for _, s := range moved {
+		if after[s] != leaver.id {
+			t.Fatalf("%s moved from %s", s, after[s])
+		}
+	}
+	t.Logf("leave: %d of %d shards moved, all %s's", len(moved), len(shards), leaver.id)
+}
+
+func TestShardFailover(t *testing.T) {
+	srv, _ := newEtcd(t)
+	l := newShLedger()
+	shards := shNames(32)
+	hosts := shRegister(t, srv, shIDs(4)...)
+	ttl := 2 * time.Second * scale
+	for _, h := range hosts {
+		h.start(t, l, ShardOptions{Shards: shards, TTL: ttl})
+	}
+	owners := shSettle(t, l, shards, hosts, hosts)
+	// The victim: the host that owns most.
+	victim := slices.MaxFunc(hosts, func(a, b *shHost) int { return len(a.set.Owned()) - len(b.set.Owned()) })
+	var lost []string
+	for _, s := range shards {
+		if owners[s] == victim.id {
+			lost = append(lost, s)
+		}
+	}
+	mark := l.mark()
+	// A crash: nothing more reaches etcd from the victim, its leases
+	// expire.
+	crash := time.Now()
+	victim.crash()
+	rest := slices.DeleteFunc(slices.Clone(hosts), func(h *shHost) bool { return h == victim })
+	shSettle(t, l, shards, rest, hosts)
+	var took []time.Duration
+	for _, s := range lost {
+		ev := l.waitEvent(t, mark, SignalShardAcquired, shTops([]string{s}, shIDsOf(rest))[s], s)
+		took = append(took, ev.at.Sub(crash))
+	}
+	p99 := shP99(took)
+	t.Logf("failover of %d shards, TTL %v: p99 %v, min %v", len(took), ttl, p99, slices.Min(took))
+	if p99 > ttl+time.Second*scale {
+		t.Fatalf("failover p99 %v, want within TTL + 1s = %v", p99, ttl+time.Second*scale)
+	}
+	for _, ev := range l.since(mark, SignalShardAcquired) {
+		if !slices.Contains(lost, ev.Key) {
+			t.Fatalf("%s acquired %s, which the crashed host did not own", ev.Host, ev.Key)
+		}
+	}
+	// The crashed host's shard set saw its client closed: its Runs ended.
+	for _, ev := range l.since(mark, SignalShardReleased) {
+		if ev.Host != victim.id || !errors.Is(ev.Err, ErrClientClosed) {
+			t.Fatalf("%s released %s because %v", ev.Host, ev.Key, ev.Err)
+		}
+	}
+	if got := victim.set.Owned(); len(got) != 0 {
+		t.Fatalf("the crashed host owns %v", got)
+	}
+}
+
+// shDrainer is a Run that writes until its ctx ends, then for drain more,
+// and checks meanwhile that it is alone: its own shard set lists the
+// shard, the other does not.
+type shDrainer struct {
+	l           *shLedger
+	h           *shHost
+	drain       time.Duration
+	self, other atomic.Pointer[ShardSet]
+	ended       chan time.Time // when Run saw its ctx end
+	drained     atomic.Int32   // writes accepted during the drain
+	errorf      func(string, ...any)
+}
+
+func (d *shDrainer) run(ctx context.Context, s Shard) {
+	d.l.writer(d.h.cli, d.h.id)(ctx, s)
+	d.ended <- time.Now()
+	d.alone("when its ctx ended")
+	for end := time.Now().Add(d.drain); time.Now().Before(end); time.Sleep(shPace) {
+		if d.l.write(d.h.cli, d.h.id, s) {
+			d.drained.Add(1)
+		}
+	}
+	d.alone("at the end of its drain")
+}
+
+func (d *shDrainer) alone(when string) {
+	if o := d.other.Load(); o != nil && len(o.Owned()) != 0 {
+		d.errorf("%s: the other host owns %v", when, o.Owned())
+	}
+	if got := d.self.Load().Owned(); len(got) != 1 {
+		d.errorf("%s: the draining host owns %v", when, got)
+	}
+}
+
+func TestShardDrain(t *testing.T) {
+	srv, _ := newEtcd(t)
+	l := newShLedger()
+	const shard = "drained"
+	drain := 500 * time.Millisecond * scale
+	// b ranks before a: it takes the shard from a when it joins.
+	aID, bID := shOrdered(shard, "host-a", "host-b")
+	hs := shRegister(t, srv, aID, bID)
+	a, b := hs[0], hs[1]
+	d := &shDrainer{l: l, h: a, drain: drain, ended: make(chan time.Time, 1), errorf: t.Errorf}
+	d.self.Store(a.start(t, l, ShardOptions{Shards: []string{shard}, Run: d.run}).set)
+	l.waitEvent(t, 0, SignalShardAcquired, a.id, shard)
+	mark := l.mark()
+	d.other.Store(b.start(t, l, ShardOptions{Shards: []string{shard}, Run: l.writer(b.cli, b.id)}).set)
+	acquired := l.waitEvent(t, mark, SignalShardAcquired, b.id, shard)
+	released := l.waitEvent(t, mark, SignalShardReleased, a.id, shard)
+	if !errors.Is(released.Err, errBetterHost) {
+		t.Fatalf("a released the shard because %v, want errBetterHost", released.Err)
+	}
+	gap := acquired.at.Sub(<-d.ended)
+	t.Logf("drain %v: a's Run took %v to return, b acquired %v after a's ctx ended (%v after a released), %d writes of a in the drain",
+		drain, released.Drain, gap, acquired.at.Sub(released.at), d.drained.Load())
+	// Drain is measured from when the shard set saw the ctx end, a
+	// moment after Run may have.
+	if released.Drain < drain-50*time.Millisecond*scale || released.Drain > drain+200*time.Millisecond*scale {
+		t.Fatalf("Drain %v, want %v and a little", released.Drain, drain)
+	}
+	if gap < drain || acquired.at.Sub(released.at) > 200*time.Millisecond*scale {
+		t.Fatalf("handoff %v after a's ctx ended, %v after a released: want the drain %v and a round trip",
+			gap, acquired.at.Sub(released.at), drain)
+	}
+	if d.drained.Load() == 0 {
+		t.Fatal("a's Guard did not hold during its drain")
+	}
+	etUntil(t, "b writing", func() bool { _, h := shCheck(l.acked()); return h == 1 })
+	if got := a.set.Owned(); len(got) != 0 {
+		t.Fatalf("a owns %v after the handoff", got)
+	}
+	a.set.Close()
+	b.set.Close()
+	ws := shHistory(t, srv.Client())
+	if overlaps, handoffs := shCheck(ws); overlaps != 0 || handoffs != 1 {
+		t.Fatalf("%d overlaps, %d handoffs in %d writes; want 0 and 1", overlaps, handoffs, len(ws))
+	}
+}
+
+func TestShardNoOverlap(t *testing.T) {
+	srv, _ := newEtcd(t)
+	l := newShLedger()
+	shards := shNames(8)
+	hosts := shRegister(t, srv, shIDs(3)...)
+	// One link is slow throughout: that host's writes and renewals
+	// arrive late.
+	hosts[1].px.Delay(50 * time.Millisecond)
+	opts := func(h *shHost) ShardOptions {
+		return ShardOptions{Shards: shards, Run: l.writer(h.cli, h.id)}
+	}
+	for _, h := range hosts {
+		h.start(t, l, opts(h))
+	}
+	shSettle(t, l, shards, hosts, hosts)
+
+	// A join.
+	joined := shRegister(t, srv, "host-03")[0]
+	hosts = append(hosts, joined.start(t, l, opts(joined)))
+	shSettle(t, l, shards, hosts, hosts)
+	if len(joined.set.Owned()) == 0 {
+		t.Fatal("the join moved no shard")
+	}
+
+	// A crash of the host that owns most.
+	victim := slices.MaxFunc(hosts, func(a, b *shHost) int { return len(a.set.Owned()) - len(b.set.Owned()) })
+	victim.crash()
+	rest := slices.DeleteFunc(slices.Clone(hosts), func(h *shHost) bool { return h == victim })
+	shSettle(t, l, shards, rest, hosts)
+
+	// A graceful leave of the host that owns most.
+	leaver := slices.MaxFunc(rest, func(a, b *shHost) int { return len(a.set.Owned()) - len(b.set.Owned()) })
+	leaver.set.Close()
+	if err := leaver.live.Stop(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	rest = slices.DeleteFunc(rest, func(h *shHost) bool { return h == leaver })
+	shSettle(t, l, shards, rest, hosts)
+	for _, h := range hosts {
+		h.set.Close()
+	}
+	ws := shHistory(t, srv.Client())
+	overlaps, handoffs := shCheck(ws)
+	t.Logf("join, crash, leave: %d fenced writes applied (%d answered), %d handoffs, %d overlaps", len(ws), len(l.acked()), handoffs, overlaps)
+	if overlaps != 0 || handoffs < 3 {
+		t.Fatalf("%d overlaps, %d handoffs", overlaps, handoffs)
+	}
+}
+
+func TestShardPartition(t *testing.T) {
+	srv, _ := newEtcd(t)
+	l := newShLedger()
+	const shard = "partitioned"
+	bID, aID := shOrdered(shard, "host-b", "host-a") // a ranks before b
+	hs := shRegister(t, srv, aID, bID)
+	a, b := hs[0], hs[1]
+	a.start(t, l, ShardOptions{Shards: []string{shard}, Run: l.writer(a.cli, a.id)})
+	l.waitEvent(t, 0, SignalShardAcquired, a.id, shard)
+	b.start(t, l, ShardOptions{Shards: []string{shard}, Run: l.writer(b.cli, b.id)})
+	etWaitCount(t, srv.Client(), ShardsPrefix+shard+"/", 2, clientv3.WithPrefix())
+	l.waitWrites(t, a.id, 0, 5)
+	// The owner is cut off; what it sends meanwhile, its writes included,
+	// reaches etcd once the link heals.
+	mark := l.mark()
+	a.px.Pause()
+	acquired := l.waitEvent(t, mark, SignalShardAcquired, b.id, shard)
+	l.waitWrites(t, b.id, 0, 5)
+	released := l.waitEvent(t, mark, SignalShardReleased, a.id, shard)
+	if !errors.Is(released.Err, ErrLeadershipLost) || !released.at.Before(acquired.at) {
+		t.Fatalf("a released the shard %v before b acquired it, because %v; want before, its leadership lost",
+			acquired.at.Sub(released.at), released.Err)
+	}
+	a.px.Unpause()
+	// a heals and, better ranked, takes its shard back.
+	n := l.writesOf(a.id)
+	l.waitEvent(t, mark, SignalShardAcquired, a.id, shard)
+	l.waitWrites(t, a.id, n, 5)
+	a.set.Close()
+	b.set.Close()
+	ws := shHistory(t, srv.Client())
+	overlaps, handoffs := shCheck(ws)
+	t.Logf("partition: a stepped down %v before b took over; %d fenced writes applied (%d answered), %d handoffs, %d overlaps",
+		acquired.at.Sub(released.at), len(ws), len(l.acked()), handoffs, overlaps)
+	if overlaps != 0 || handoffs < 2 {
+		t.Fatalf("%d overlaps, %d handoffs", overlaps, handoffs)
+	}
+}
+
+func TestShardSet(t *testing.T) {
+	t.Run("a host not registered owns nothing until it is, and lets go of everything when its registration ends", testShardNotRegistered)
+	t.Run("a campaign won while a better-ranked host is in line hands over at once, without Run", testShardHandOverAtOnce)
+	t.Run("a Run that returns on its own hands the shard over, and queues again after a pause", testShardRunReturns)
+	t.Run("a lost leadership ends Run, and the shard is campaigned for again", testShardLeadershipLost)
+	t.Run("a broken candidate watch is listed again", testShardBrokenWatch)
+	t.Run("the shard sets carry on across an etcd restart", testShardRestart)
+	t.Run("Close ends every Run, waits for them, hands over, and is idempotent", testShardClose)
+	t.Run("Owner reports the owner as etcd holds it; keys that are no candidates are skipped", testShardOwner)
+	t.Run("NewShardSet returns within its ctx when etcd cannot be reached, and fails when the hosts may not be read", testShardUnreachable)
+	t.Run("bad input is refused and nothing is written", testShardBadInput)
+}
+
+func testShardNotRegistered(t *testing.T) {
+	srv, cli := newEtcd(t)
+	l := newShLedger()
+	shards := shNames(4)
+	s := shSet(t, cli, "x", l, ShardOptions{Shards: shards})
+	s.mu.Lock()
+	n := len(s.workers)
+	s.mu.Unlock()
+	if n != 0 || len(s.Owned()) != 0 || keyCount(t, cli, ShardsPrefix) != 0 {
+		t.Fatalf("%d workers, owned %v, %d keys before x is registered", n, s.Owned(), keyCount(t, cli, ShardsPrefix))
+	}
+	x := shRegister(t, srv, "x")[0]
+	l.until(t, "x owning every shard", func() bool { return len(s.Owned()) == len(shards) })
+	mark := l.mark()
+	if err := x.live.Stop(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	l.until(t, "every shard released", func() bool { return len(l.since(mark, SignalShardReleased)) == len(shards) })
+	for _, ev := range l.since(mark, SignalShardReleased) {
+		if !errors.Is(ev.Err, errNotLive) {
+			t.Fatalf("released %s because %v, want errNotLive", ev.Key, ev.Err)
+		}
+	}
+	etWaitCount(t, cli, ShardsPrefix, 0, clientv3.WithPrefix())
+	if len(s.Owned()) != 0 {
+		t.Fatalf("owns %v while not live", s.Owned())
+	}
+}
+
+func testShardHandOverAtOnce(t *testing.T) {
+	srv, cli := newEtcd(t)
+	l := newShLedger()
+	const shard = "contested"
+	uID, bID := shOrdered(shard, "host-u", "host-b")
+	hs := shRegister(t, srv, uID, bID)
+	u, b := hs[0], hs[1]
+	// Someone else leads: both hosts wait in line, u first.
+	other := etElection(t, srv.NewClient(t), ElectionOptions{Key: ShardsPrefix + shard})
+	etCampaign(t, other, "not-a-host")
+	tap, log := newLogTap()
+	u.start(t, l, ShardOptions{Shards: []string{shard}, Logger: log})
+	etWaitCount(t, cli, ShardsPrefix+shard+"/", 2, clientv3.WithPrefix())
+	b.start(t, l, ShardOptions{Shards: []string{shard}})
+	etWaitCount(t, cli, ShardsPrefix+shard+"/", 3, clientv3.WithPrefix())
+	if err := other.Resign(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	l.waitEvent(t, 0, SignalShardAcquired, b.id, shard)
+	tap.wait(t, "coord: shard won, handed over at once", 1)
+	if evs := l.since(0, SignalShardAcquired); len(evs) != 1 {
+		t.Fatalf("acquired: %v, want b's only", evs)
+	}
+	// u queues again behind b.
+	etWaitCount(t, cli, ShardsPrefix+shard+"/", 2, clientv3.WithPrefix())
+	if owner, err := b.set.Owner(testCtx(t), shard); err != nil || owner != b.id {
+		t.Fatalf("Owner = %q, %v; want %s", owner, err, b.id)
+	}
+}
+
+func testShardRunReturns(t *testing.T) {
+	srv, _ := newEtcd(t)
+	l := newShLedger()
+	const shard = "flaky"
+	bID, aID := shOrdered(shard, "host-b", "host-a") // a ranks before b
+	hs := shRegister(t, srv, aID, bID)
+	a, b := hs[0], hs[1]
+	var calls atomic.Int32
+	tap, log := newLogTap()
+	b.start(t, l, ShardOptions{Shards: []string{shard}})
+	l.waitEvent(t, 0, SignalShardAcquired, b.id, shard)
+	a.start(t, l, ShardOptions{Shards: []string{shard}, Logger: log, Run: func(ctx context.Context, s Shard) {
+		if calls.Add(1) > 1 {
+			<-ctx.Done()
+		}
+	}})
+	// b hands over to a, whose first Run returns at once: back to b,
+	// then to a again once it queues again.
+	etUntil(t, "a's second Run", func() bool { return calls.Load() == 2 })
+	if got := a.set.Owned(); len(got) != 1 {
+		t.Fatalf("a owns %v", got)
+	}
+	tap.wait(t, "coord: shard queues again after a pause", 1)
+	var seq []string
+	for _, ev := range l.since(0, SignalShardAcquired) {
+		seq = append(seq, ev.Host)
+	}
+	// b owns the shard between a's Runs unless a queued again
+	// before b got to it (b then hands over at once).
+	if !slices.Equal(seq, []string{b.id, a.id, b.id, a.id}) && !slices.Equal(seq, []string{b.id, a.id, a.id}) {
+		t.Fatalf("owners %v, want %s then %s, twice", seq, b.id, a.id)
+	}
+	if rel := l.waitEvent(t, 0, SignalShardReleased, a.id, shard); rel.Err != nil || rel.Drain > 100*time.Millisecond*scale {
+		t.Fatalf("a's first Run released %+v, want no error and no drain", rel)
+	}
+}
+
+func testShardLeadershipLost(t *testing.T) {
+	srv, cli := newEtcd(t)
+	l := newShLedger()
+	a := shRegister(t, srv, "a")[0].start(t, l, ShardOptions{Shards: []string{"s"}})
+	first := l.waitEvent(t, 0, SignalShardAcquired, "a", "s")
+	etRevoke(t, cli, clientv3.LeaseID(shCands(t, cli, ShardsPrefix+"s/")[0].Lease))
+	rel := l.waitEvent(t, 0, SignalShardReleased, "a", "s")
+	if !errors.Is(rel.Err, ErrLeadershipLost) {
+		t.Fatalf("released because %v, want ErrLeadershipLost", rel.Err)
+	}
+	l.until(t, "a acquiring again", func() bool { return len(l.since(0, SignalShardAcquired)) == 2 })
+	again := l.since(0, SignalShardAcquired)[1]
+	if again.Token <= first.Token || len(a.set.Owned()) != 1 || a.set.Owned()[0].Token != again.Token {
+		t.Fatalf("tokens %d then %d, owned %v", first.Token, again.Token, a.set.Owned())
+	}
+}
+
+func testShardBrokenWatch(t *testing.T) {
+	srv, cli := newEtcd(t)
+	l := newShLedger()
+	const shard = "cut"
+	aID, bID := shOrdered(shard, "host-a", "host-b")
+	px := srv.NewProxy(t)
+	a := &shHost{id: aID, cli: px.NewClient(t)}
+	a.live = register(t, cli, aID, LivenessOptions{TTL: 3 * time.Second * scale})
+	// The sessions must outlast the cut: a TTL scaled long enough.
+	a.start(t, l, ShardOptions{Shards: []string{shard}, TTL: 3 * time.Second * scale})
+	l.waitEvent(t, 0, SignalShardAcquired, aID, shard)
+	// While a is cut off, b joins and queues; the events are compacted
+	// away before a's connections are reset, so a's watches break.
+	px.Blackhole()
+	b := shRegister(t, srv, bID)[0].start(t, l, ShardOptions{Shards: []string{shard}})
+	etWaitCount(t, cli, ShardsPrefix+shard+"/", 2, clientv3.WithPrefix())
+	for range 2 {
+		if _, err := cli.Put(testCtx(t), "/test/other", "x"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv.Compact(testCtx(t))
+	px.Unblackhole()
+	l.waitEvent(t, 0, SignalShardAcquired, b.id, shard)
+	if rel := l.waitEvent(t, 0, SignalShardReleased, aID, shard); !errors.Is(rel.Err, errBetterHost) {
+		t.Fatalf("a released because %v, want errBetterHost", rel.Err)
+	}
+}
+
+func testShardRestart(t *testing.T) {
+	srv, _ := newEtcd(t)
+	l := newShLedger()
+	shards := shNames(8)
+	hosts := shRegister(t, srv, shIDs(2)...)
+	// The sessions outlast the restart.
+	for _, h := range hosts {
+		h.start(t, l, ShardOptions{Shards: shards, TTL: 3 * time.Second * scale})
+	}
+	shSettle(t, l, shards, hosts, hosts)
+	srv.Restart()
+	hosts = append(hosts, shRegister(t, srv, "host-02")[0].start(t, l, ShardOptions{Shards: shards}))
+	shSettle(t, l, shards, hosts, hosts)
+}
+
+func testShardClose(t *testing.T) {
+	srv, _ := newEtcd(t)
+	l := newShLedger()
+	// Four shards that a tops: b is their standby.
+	var shards []string
+	for _, s := range shNames(100) {
+		if len(shards) < 4 && ranksBefore(s, "host-a", "host-b") {
+			shards = append(shards, s)
+		}
+	}
+	hs := shRegister(t, srv, "host-a", "host-b")
+	a := hs[0].start(t, l, ShardOptions{Shards: shards})
+	l.until(t, "a owning every shard", func() bool { return len(a.set.Owned()) == len(shards) })
+	b := hs[1].start(t, l, ShardOptions{Shards: shards})
+	ctx := testCtx(t)
+	if owner, err := b.set.Owner(ctx, shards[1]); err != nil || owner != "host-a" {
+		t.Fatalf("Owner = %q, %v; want host-a", owner, err)
+	}
+	mark := l.mark()
+	for i := 0; i < 2; i++ {
+		if err := a.set.Close(); err != nil {
+			t.Fatalf("Close #%d: %v", i+1, err)
+		}
+	}
+	// Close waited for every Run.
+	rel := l.since(mark, SignalShardReleased)
+	for _, ev := range rel {
+		if ev.Host != "host-a" || !errors.Is(ev.Err, ErrClosed) {
+			t.Fatalf("released %+v, want a's, closed", ev)
+		}
+	}
+	if got := a.set.Owned(); len(rel) != len(shards) || len(got) != 0 {
+		t.Fatalf("%d released, %v owned after Close", len(rel), got)
+	}
+	l.until(t, "b owning every shard", func() bool { return len(b.set.Owned()) == len(shards) })
+	if owner, err := b.set.Owner(ctx, shards[1]); err != nil || owner != "host-b" {
+		t.Fatalf("Owner = %q, %v; want host-b", owner, err)
+	}
+	if _, err := a.set.Owner(ctx, shards[1]); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Owner after Close: %v, want ErrClosed", err)
+	}
+}
+
+func testShardOwner(t *testing.T) {
+	srv, cli := newEtcd(t)
+	l := newShLedger()
+	// Keys under the prefix that are no candidates of ours are skipped,
+	// listed or watched.
+	put := func(k string) {
+		if _, err := cli.Put(testCtx(t), ShardsPrefix+k, "a"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	put("unknown/1")
+	put("odd")
+	a := shRegister(t, srv, "a")[0].start(t, l, ShardOptions{Shards: []string{"s"}})
+	put("unknown/2")
+	ctx := testCtx(t)
+	l.waitEvent(t, 0, SignalShardAcquired, "a", "s")
+	if owner, err := a.set.Owner(ctx, "s"); err != nil || owner != "a" {
+		t.Fatalf("Owner = %q, %v; want a", owner, err)
+	}
+	if _, err := a.set.Owner(ctx, "nobody"); !errors.Is(err, ErrNoLeader) {
+		t.Fatalf("Owner of a shard nobody campaigns for: %v, want ErrNoLeader", err)
+	}
+	if _, err := a.set.Owner(ctx, "a/b"); !errors.Is(err, ErrInvalidShards) {
+		t.Fatalf("Owner of a/b: %v, want ErrInvalidShards", err)
+	}
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := a.set.Owner(cancelled, "s"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Owner with an ended ctx: %v, want context.Canceled", err)
+	}
+	if got := a.set.Owned(); len(got) != 1 || got[0].Name != "s" {
+		t.Fatalf("Owned = %v, want s alone: the other keys are no shards of ours", got)
+	}
+}
+
+func testShardUnreachable(t *testing.T) {
+	srv, _ := newEtcd(t)
+	px := srv.NewProxy(t)
+	pcli := px.NewClient(t)
+	px.Blackhole()
+	defer px.Unblackhole()
+	opts := ShardOptions{Shards: []string{"s"}, Self: "a", Run: idle}
+	ctx, cancel := context.WithTimeout(testCtx(t), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if s, err := NewShardSet(ctx, pcli, opts); s != nil || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("NewShardSet cut off: %v, %v; want DeadlineExceeded", s, err)
+	}
+	if took := time.Since(start); took > 300*time.Millisecond+200*time.Millisecond*scale {
+		t.Fatalf("took %v, the ctx was 300ms", took)
+	}
+	login := enableAuth(t, srv, map[string][]string{"shards-only": {ShardsPrefix}})
+	if s, err := NewShardSet(testCtx(t), login("shards-only"), opts); s != nil || !errors.Is(err, rpctypes.ErrPermissionDenied) {
+		t.Fatalf("NewShardSet without access to the hosts: %v, %v; want permission denied", s, err)
+	}
+}
+
+func testShardBadInput(t *testing.T) {
+	_, cli := newEtcd(t)
+	ok := ShardOptions{Shards: []string{"a", "b"}, Self: "h", Run: idle}
+	with := func(f func(*ShardOptions)) ShardOptions {
+		o := ok
+		f(&o)
+		return o
+	}
+	cases := []struct {
+		name string
+		cli  *clientv3.Client
+		opts ShardOptions
+		want error
+	}{
+		{"nil client", nil, ok, ErrNilClient},
+		{"no shards", cli, with(func(o *ShardOptions) { o.Shards = nil }), ErrInvalidShards},
+		{"empty shard name", cli, with(func(o *ShardOptions) { o.Shards = []string{"a", ""} }), ErrInvalidShards},
+		{"shard name with /", cli, with(func(o *ShardOptions) { o.Shards = []string{"a/b"} }), ErrInvalidShards},
+		{"duplicate shard", cli, with(func(o *ShardOptions) { o.Shards = []string{"a", "b", "a"} }), ErrInvalidShards},
+		{"no Self", cli, with(func(o *ShardOptions) { o.Self = "" }), ErrInvalidShards},
+		{"Self with /", cli, with(func(o *ShardOptions) { o.Self = "h/1" }), ErrInvalidShards},
+		{"no Run", cli, with(func(o *ShardOptions) { o.Run = nil }), ErrInvalidShards},
+		{"negative Replicas", cli, with(func(o *ShardOptions) { o.Replicas = -1 }), ErrInvalidShards},
+		{"prefix without /", cli, with(func(o *ShardOptions) { o.Prefix = "/shards" }), ErrInvalidKey},
+		{"prefix with //", cli, with(func(o *ShardOptions) { o.Prefix = "/a//b/" }), ErrInvalidKey},
+		{"prefix over the hosts", cli, with(func(o *ShardOptions) { o.Prefix = "/coord/" }), ErrInvalidKey},
+		{"host prefix without /", cli, with(func(o *ShardOptions) { o.HostPrefix = "/hosts" }), ErrInvalidKey},
+		{"TTL not whole seconds", cli, with(func(o *ShardOptions) { o.TTL = 1500 * time.Millisecond }), ErrInvalidTTL},
+		{"negative TTL", cli, with(func(o *ShardOptions) { o.TTL = -time.Second }), ErrInvalidTTL},
+		{"negative KeysPerSession", cli, with(func(o *ShardOptions) { o.KeysPerSession = -1 }), ErrInvalidKeysPerSession},
+	}
+	for _, c := range cases {
+		s, err := NewShardSet(testCtx(t), c.cli, c.opts)
+		if s != nil || !errors.Is(err, c.want) || strings.Count(err.Error(), "coord:") != 1 {
+			t.Fatalf("%s: %v, %v; want %v, saying \"coord:\" once", c.name, s, err, c.want)
+		}
+	}
+	if n := keyCount(t, cli, ""); n != 0 {
+		t.Fatalf("%d keys written", n)
+	}
+	if ls := ptLeases(t, cli); len(ls) != 0 {
+		t.Fatalf("leases %v; want none", ls)
+	}
+}
+
+// shCands returns the candidates under prefix, oldest first.
+func shCands(t *testing.T, cli *clientv3.Client, prefix string) []*mvccpb.KeyValue {
+	t.Helper()
+	resp, err := cli.Get(testCtx(t), prefix, clientv3.WithPrefix(),
+		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Kvs) == 0 {
+		t.Fatalf("no candidate under %s", prefix)
+	}
+	return resp.Kvs
+}
+
+// TestShardModel runs seeded random joins, crashes, graceful leaves,
+// cut-off and slow links and etcd restarts under ShardSets whose Runs
+// write under their Guards, and checks etcd's history of those writes: in
+// each shard, tokens never go back and a token is one host's. The seed is
+// logged; COORD_MODEL_SEED replays a run.
+func TestShardModel(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("COORD_MODEL_SEED"); s != "" {
+		n, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("COORD_MODEL_SEED=%q: %v", s, err)
+		}
+		seed = n
+	}
+	// Bounded: each step lasts up to three TTLs, which emulated CPUs
+	// stretch tenfold.
+	steps := 10
+	if testing.Short() || scale > 1 {
+		steps = 4
+	}
+	t.Logf("seed %d (replay with COORD_MODEL_SEED=%d), %d steps", seed, seed, steps)
+	m := &shModel{t: t, rng: rand.New(rand.NewPCG(seed, 0x7368617264)), l: newShLedger(), shards: shNames(12)}
+	m.srv, _ = newEtcd(t)
+	for range 3 {
+		m.join()
+	}
+	for i := range steps {
+		op := m.step()
+		t.Logf("step %d: %s (%d hosts live)", i+1, op, len(m.live))
+	}
+	m.heal()
+	shSettle(t, m.l, m.shards, m.live, m.all)
+	for _, h := range m.all {
+		if h.set != nil {
+			h.set.Close()
+		}
+	}
+	ws := shHistory(t, m.srv.Client())
+	overlaps, handoffs := shCheck(ws)
+	t.Logf("overlaps: %d (%d fenced writes applied, %d answered, %d handoffs; seed %d)", overlaps, len(ws), len(m.l.acked()), handoffs, seed)
+	if overlaps != 0 {
+		t.Fatalf("%d overlapping writes; replay with COORD_MODEL_SEED=%d", overlaps, seed)
+	}
+}
+
+// shModel is the state of TestShardModel: the hosts, live or gone.
+type shModel struct {
+	t      *testing.T
+	rng    *rand.Rand
+	l      *shLedger
+	srv    *coordtest.Server
+	shards []string
+	all    []*shHost
+	live   []*shHost
+	slow   []*shHost // links delayed until the next heal
+	n      int
+}
+
+// step draws and applies one operation, then lets the fleet run for a
+// moment of random length (the fault's duration), and names it.
+func (m *shModel) step() string {
+	ttl := 2 * time.Second * scale
+	op := "join"
+	switch r := m.rng.IntN(10); {
+	case len(m.live) <= 2 || r < 2:
+		m.join()
+	case r < 4:
+		op = "crash " + m.crash()
+	case r < 5:
+		op = "leave " + m.leave()
+	case r < 7:
+		op = "cut " + m.cut(time.Duration(m.rng.Int64N(int64(2*ttl))))
+	case r < 9:
+		op = "slow " + m.delay(time.Duration(m.rng.Int64N(int64(ttl/2))))
+	default:
+		op = "restart etcd"
+		m.srv.Restart()
+	}
+	<-time.After(time.Duration(m.rng.Int64N(int64(ttl))))
+	return op
+}
+
+// join starts a new host.
+func (m *shModel) join() {
+	h := shRegister(m.t, m.srv, fmt.Sprintf("host-%02d", m.n))[0]
+	m.n++
+	h.start(m.t, m.l, ShardOptions{Shards: m.shards, Run: m.l.writer(h.cli, h.id)})
+	m.all = append(m.all, h)
+	m.live = append(m.live, h)
+}
+
+// pick removes a random live host from the live ones and returns it.
+func (m *shModel) pick() *shHost {
+	i := m.rng.IntN(len(m.live))
+	h := m.live[i]
+	m.live = slices.Delete(m.live, i, i+1)
+	return h
+}
+
+func (m *shModel) crash() string {
+	h := m.pick()
+	h.crash()
+	return h.id
+}
+
+func (m *shModel) leave() string {
+	h := m.pick()
+	h.set.Close()
+	if err := h.live.Stop(testCtx(m.t)); err != nil {
+		m.t.Fatal(err)
+	}
+	return h.id
+}
+
+// cut cuts a live host off for d, then heals its link.
+func (m *shModel) cut(d time.Duration) string {
+	h := m.live[m.rng.IntN(len(m.live))]
+	h.px.Blackhole()
+	<-time.After(d)
+	h.px.Unblackhole()
+	return fmt.Sprintf("%s for %v", h.id, d.Round(time.Millisecond))
+}
+
+// delay slows a live host's link by d each way until the next heal.
+func (m *shModel) delay(d time.Duration) string {
+	h := m.live[m.rng.IntN(len(m.live))]
+	h.px.Delay(d)
+	m.slow = append(m.slow, h)
+	return fmt.Sprintf("%s by %v", h.id, d.Round(time.Millisecond))
+}
+
+// heal gives every slow link its speed back.
+func (m *shModel) heal() {
+	for _, h := range m.slow {
+		h.px.Delay(0)
+	}
+	m.slow = nil
+}

@@ -101,7 +101,12 @@ func benchRemoteConfig(c *connFlags) (clientv3.Config, error) {
 // client returns a new client with its own connection, closed by close
 // unless the scenario closes it first (as a crash does).
 func (env *benchEnv) client(opts ...grpc.DialOption) (*clientv3.Client, error) {
-	cfg := env.base
+	return env.clientOf(env.base, opts...)
+}
+
+// clientOf is client for another etcd: base is its configuration.
+func (env *benchEnv) clientOf(base clientv3.Config, opts ...grpc.DialOption) (*clientv3.Client, error) {
+	cfg := base
 	cfg.DialOptions = append(append([]grpc.DialOption(nil), cfg.DialOptions...), opts...)
 	c, err := clientv3.New(cfg)
 	if err != nil {
@@ -383,6 +388,47 @@ func benchSleep(ctx context.Context, d time.Duration) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// benchParallel calls do(i) for every i in [0, n), with up to workers
+// calls at once, and returns the first error; after one, no more calls
+// start.
+func benchParallel(ctx context.Context, n, workers int, do func(i int) error) error {
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		next int
+		err  error
+	)
+	for range min(workers, n) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				mu.Lock()
+				i := next
+				next++
+				stop := err != nil || i >= n
+				mu.Unlock()
+				if stop {
+					return
+				}
+				e := do(i)
+				if e == nil {
+					e = ctx.Err()
+				}
+				if e != nil {
+					mu.Lock()
+					if err == nil {
+						err = e
+					}
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return err
 }
 
 // benchBoth runs the coord and the plain side of a scenario at once, for

@@ -131,3 +131,11 @@ func benchCount(n int) string {
 func benchSecs(d time.Duration) string {
 	return strconv.FormatFloat(d.Seconds(), 'g', 3, 64) + " s"
 }
+
+// benchPlural formats n things: "1 lease", "10 leases".
+func benchPlural(n int, thing string) string {
+	if n == 1 {
+		return "1 " + thing
+	}
+	return benchCount(n) + " " + thing + "s"
+}

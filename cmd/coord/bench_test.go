@@ -24,6 +24,10 @@ var benchTiny = benchConfig{
 	churnHosts: 40, churnRate: 100, churnFor: 300 * time.Millisecond,
 	loadKeys: 5, loadLivenessTTL: time.Second, loadPoolTTL: 2 * time.Second, loadWindow: time.Second,
 	campaignFor: 100 * time.Millisecond, campaignChunk: 50 * time.Millisecond,
+	fleetAgents: 2, fleetKeys: 6, fleetMembers: 3,
+	fleetLivenessTTL: time.Second, fleetPoolTTL: 2 * time.Second, fleetWindow: time.Second,
+	shardHosts: 3, shardCount: 24, shardTTL: 2 * time.Second, shardStagger: 50 * time.Millisecond,
+	shardNaiveHosts: 2, shardNaiveCount: 12,
 }
 
 func TestBenchPrintsEveryRow(t *testing.T) {
@@ -51,8 +55,11 @@ func TestBenchPrintsEveryRow(t *testing.T) {
 		}
 	}
 	// Scenario 5 has two rows per size; 7 has three, and one for the CPU
-	// where it can be measured.
-	want := map[string]int{"1.": 1, "1b.": 1, "2.": 1, "3.": 1, "3b.": 1, "4.": 1, "4b.": 1, "5.": 2 * len(benchTiny.scaleSizes), "6.": 1, "7.": 3, "8.": 1}
+	// where it can be measured; 9 has four, and three for the CPU and
+	// memory where they can be measured; 10 has five for its size and,
+	// the naive plan running at another size, five more for that one.
+	want := map[string]int{"1.": 1, "1b.": 1, "2.": 1, "3.": 1, "3b.": 1, "4.": 1, "4b.": 1, "5.": 2 * len(benchTiny.scaleSizes), "6.": 1, "7.": 3, "8.": 1, "9.": 4,
+		"10.": 5, "10b.": 5}
 	got := map[string]int{}
 	for _, r := range rows {
 		got[strings.Fields(r)[1]]++
@@ -65,7 +72,7 @@ func TestBenchPrintsEveryRow(t *testing.T) {
 	if !strings.Contains(out, "| scenario | coord | plain etcd | ratio | limit |") {
 		t.Error("no table header")
 	}
-	if !strings.Contains(stderr.String(), "scenario 8: done") {
+	if !strings.Contains(stderr.String(), "scenario 10: done") {
 		t.Errorf("no progress on stderr:\n%s", &stderr)
 	}
 }
@@ -105,7 +112,18 @@ func TestBenchFlags(t *testing.T) {
 			t.Errorf("err %v, help:\n%s", err, &stdout)
 		}
 	})
-	for _, args := range [][]string{{"--only", "9"}, {"--only", "x"}, {"extra"}, {"--bogus"}} {
+	t.Run("shard-ttl and shard-stagger set scenario 10's, quick or not", func(t *testing.T) {
+		for _, args := range [][]string{{"--shard-ttl", "5s", "--shard-stagger", "0"}, {"--quick", "--shard-ttl=5s", "--shard-stagger=0s"}} {
+			cfg, err := benchParseFlags(args, &bytes.Buffer{})
+			if err != nil || cfg.shardTTL != 5*time.Second || cfg.shardStagger != 0 {
+				t.Errorf("%v: TTL %v, stagger %v, err %v", args, cfg.shardTTL, cfg.shardStagger, err)
+			}
+		}
+		if cfg, _ := benchParseFlags([]string{"--quick"}, &bytes.Buffer{}); cfg.shardTTL != benchQuick.shardTTL || cfg.shardStagger != benchQuick.shardStagger {
+			t.Errorf("--quick: TTL %v, stagger %v", cfg.shardTTL, cfg.shardStagger)
+		}
+	})
+	for _, args := range [][]string{{"--only", "11"}, {"--only", "x"}, {"extra"}, {"--bogus"}, {"--shard-ttl", "1500ms"}, {"--shard-ttl", "0s"}, {"--shard-stagger", "-1s"}} {
 		t.Run("refuses "+strings.Join(args, " "), func(t *testing.T) {
 			_, err := benchParseFlags(args, &bytes.Buffer{})
 			var uerr *usageError

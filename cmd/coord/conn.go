@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 )
 
@@ -245,22 +246,124 @@ func (c *connFlags) connect(ctx context.Context) (*clientv3.Client, error) {
 // waits for a connection: the etcd client's MemberList would turn gRPC's
 // "latest balancer error" (connection refused, certificate signed by
 // unknown authority...) into a bare "context deadline exceeded".
+//
+// A member that answers but knows no leader is not "unreachable": the
+// request requires a leader, so such a member refuses it at once (etcd's
+// "no leader"), and it is asked again until deadline, as an election may be
+// under way; then the cluster is said to have no leader. If the request is
+// held until deadline instead (a member that has just lost its leader), the
+// members are asked for their status to tell the two apart.
 func (c *connFlags) reachable(ctx context.Context, cli *clientv3.Client, deadline time.Time, where string) error {
 	vctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	_, err := pb.NewClusterClient(cli.ActiveConnection()).MemberList(vctx, &pb.MemberListRequest{Linearizable: true}, grpc.WaitForReady(true))
-	var refused rpctypes.EtcdError
-	switch {
-	case err == nil, errors.As(rpctypes.Error(err), &refused):
-		// An answer, if a refusal (with auth enabled, etcd wants a user
-		// even for this): what the command asks for next tells why.
-		return nil
-	case ctx.Err() != nil:
-		return fmt.Errorf("connect to etcd at %s: interrupted", where)
-	case vctx.Err() != nil:
-		return fmt.Errorf("cannot reach etcd at %s within %v (--dial-timeout): %s", where, c.dialTimeout, status.Convert(err).Message())
+	rctx := clientv3.WithRequireLeader(vctx)
+	noLeader := false
+	for {
+		_, err := pb.NewClusterClient(cli.ActiveConnection()).MemberList(rctx, &pb.MemberListRequest{Linearizable: true}, grpc.WaitForReady(true))
+		var refused rpctypes.EtcdError
+		switch {
+		case errors.Is(rpctypes.Error(err), rpctypes.ErrNoLeader):
+			noLeader = true
+			t := time.NewTimer(noLeaderRetry)
+			select {
+			case <-t.C:
+				continue
+			case <-vctx.Done():
+				t.Stop()
+			}
+		case err == nil, errors.As(rpctypes.Error(err), &refused):
+			// An answer, if a refusal (with auth enabled, etcd wants a user
+			// even for this): what the command asks for next tells why.
+			return nil
+		}
+		switch {
+		case ctx.Err() != nil:
+			return fmt.Errorf("connect to etcd at %s: interrupted", where)
+		case noLeader:
+			return noLeaderError(where)
+		case vctx.Err() != nil:
+			if c.leaderless(ctx, cli) {
+				return noLeaderError(where)
+			}
+			return fmt.Errorf("cannot reach etcd at %s within %v (--dial-timeout): %s", where, c.dialTimeout, status.Convert(err).Message())
+		}
+		return fmt.Errorf("connect to etcd at %s: %w", where, rpctypes.Error(err))
 	}
-	return fmt.Errorf("connect to etcd at %s: %w", where, rpctypes.Error(err))
+}
+
+// noLeaderRetry is how long reachable waits before asking again a member
+// that knows no leader.
+const noLeaderRetry = 50 * time.Millisecond
+
+// noLeaderError is the error of a command when etcd answers but its
+// cluster has no leader, so that nothing can be read or written.
+func noLeaderError(where string) error {
+	return fmt.Errorf("etcd at %s answers, but the cluster has no leader: quorum lost (a majority of its members down or cut off from each other)", where)
+}
+
+// explain returns the error of a command's request to etcd, err, as the
+// operator should read it: the cluster has no leader when a member refused
+// the request for that reason (the request requires a leader) or held it
+// until it timed out while the members that answer their status know no
+// leader. ctx is the command's, not the request's.
+func (c *connFlags) explain(ctx context.Context, cli *clientv3.Client, err error) error {
+	where := strings.Join(c.endpointList(), ",")
+	switch {
+	case ctx.Err() != nil:
+		return err
+	case errors.Is(err, rpctypes.ErrNoLeader):
+		return noLeaderError(where)
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, rpctypes.ErrTimeout):
+		if c.leaderless(ctx, cli) {
+			return noLeaderError(where)
+		}
+	}
+	return err
+}
+
+// leaderless reports whether a member answers a status request and none of
+// those that answer knows a leader. It asks only if the client is connected
+// to a member (an unreachable etcd is not kept waiting for), then every
+// endpoint at once, each on a connection of its own, for --dial-timeout at
+// most; an endpoint that refuses connections is not waited for. It is
+// asked only once a request has failed: a command that succeeds never pays
+// for it.
+func (c *connFlags) leaderless(ctx context.Context, cli *clientv3.Client) bool {
+	if cli.ActiveConnection().GetState() != connectivity.Ready {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.dialTimeout)
+	defer cancel()
+	type answer struct {
+		ok     bool
+		leader uint64 // 0: none
+	}
+	eps := c.endpointList()
+	answers := make(chan answer, len(eps))
+	for _, ep := range eps {
+		go func() {
+			var a answer
+			if conn, err := cli.Dial(ep); err == nil {
+				// Not WaitForReady: a refused connection fails at once.
+				resp, err := pb.NewMaintenanceClient(conn).Status(ctx, &pb.StatusRequest{})
+				conn.Close()
+				if err == nil {
+					a = answer{ok: true, leader: resp.Leader}
+				}
+			}
+			answers <- a
+		}()
+	}
+	answered, leader := false, false
+	for range eps {
+		a := <-answers
+		answered = answered || a.ok
+		if a.leader != 0 {
+			leader = true
+			cancel() // no need to wait for the others
+		}
+	}
+	return answered && !leader
 }
 
 // timestamp is the time format of the lines of demo, watch and campaign.

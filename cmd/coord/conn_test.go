@@ -8,6 +8,8 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
+	"fmt"
 	"io"
 	"math/big"
 	"net"
@@ -401,6 +403,108 @@ func TestUser(t *testing.T) {
 			if r.code != exitError || !strings.Contains(r.stderr, tc.want) {
 				t.Errorf("coord %s: status %d, stderr %q, want %q", strings.Join(tc.args, " "), r.code, r.stderr, tc.want)
 			}
+		}
+	})
+}
+
+// TestQuorumLost: with 2 of 3 members down, the survivor answers but the
+// cluster has no leader. hosts and leader say so, within --dial-timeout,
+// rather than that etcd cannot be reached; leaderless tells the cases apart.
+func TestQuorumLost(t *testing.T) {
+	t.Parallel()
+	c := coordtest.NewCluster(t, 3)
+	members := c.Members()
+	var eps []string
+	for _, m := range members {
+		eps = append(eps, m.Endpoint())
+	}
+	all := strings.Join(eps, ",")
+	survivor := members[0]
+
+	// With a quorum, both commands work.
+	cli := testClient(t, connFlags{endpoints: all})
+	h := register(t, cli, coord.HostMetadata{HostUUID: "quorum-host"}, coord.LivenessOptions{})
+	if r := runCoord(t, "hosts", "--endpoints", all); r.code != exitOK || !strings.Contains(r.stdout, "quorum-host") {
+		t.Fatalf("hosts with a quorum: status %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+	}
+	// Now, while etcd can revoke its lease.
+	if err := h.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if r := runCoord(t, "leader", "/quorum/e", "--endpoints", all); r.code != exitError || !strings.Contains(r.stderr, "election /quorum/e has no leader") {
+		t.Fatalf("leader with a quorum: status %d, stderr %q", r.code, r.stderr)
+	}
+	// Not a defer: the parallel subtests below run after this function.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*waitLimit)
+	t.Cleanup(cancel)
+	healthy := connFlags{endpoints: all, dialTimeout: waitLimit}
+	if healthy.leaderless(ctx, cli) {
+		t.Fatal("leaderless: true with a quorum")
+	}
+
+	members[1].Stop()
+	members[2].Stop()
+	// The survivor knows it has no leader one election timeout later.
+	probe := survivor.NewClient(t)
+	eventually(t, "the survivor has no leader", func() bool {
+		sctx, scancel := context.WithTimeout(ctx, time.Second*scale)
+		defer scancel()
+		resp, err := probe.Status(sctx, survivor.Endpoint())
+		return err == nil && resp.Leader == 0
+	})
+
+	dial := time.Second * scale
+	for _, ep := range []string{all, survivor.Endpoint()} {
+		for _, cmd := range [][]string{{"hosts"}, {"leader", "/quorum/e"}} {
+			t.Run(strings.Join(cmd, " ")+" at "+ep, func(t *testing.T) {
+				t.Parallel()
+				args := append([]string{"--endpoints", ep, "--dial-timeout", dial.String()}, cmd...)
+				r := runCoord(t, args...)
+				t.Logf("coord %s: %s", strings.Join(args, " "), r.stderr)
+				if r.code != exitError {
+					t.Errorf("status %d, want %d; stderr %q", r.code, exitError, r.stderr)
+				}
+				want := "etcd at " + ep + " answers, but the cluster has no leader: quorum lost"
+				if !strings.Contains(r.stderr, want) || strings.Contains(r.stderr, "cannot reach") {
+					t.Errorf("stderr %q, want %q", r.stderr, want)
+				}
+				if r.took > dial+1500*time.Millisecond*scale {
+					t.Errorf("took %v with --dial-timeout %v", r.took, dial)
+				}
+			})
+		}
+	}
+
+	// A request held until it timed out (a member that has just lost its
+	// leader) is told apart from an unreachable etcd by the members' status.
+	t.Run("leaderless and explain", func(t *testing.T) {
+		t.Parallel()
+		lost := connFlags{endpoints: all, dialTimeout: dial}
+		if !lost.leaderless(ctx, cli) {
+			t.Error("leaderless: false without a quorum")
+		}
+		err := lost.explain(ctx, cli, fmt.Errorf("list hosts: %w", context.DeadlineExceeded))
+		if err == nil || !strings.Contains(err.Error(), "the cluster has no leader") {
+			t.Errorf("explain(deadline exceeded) = %v", err)
+		}
+		other := errors.New("permission denied")
+		if err := lost.explain(ctx, cli, other); err != other {
+			t.Errorf("explain(%v) = %v", other, err)
+		}
+		done, stop := context.WithCancel(ctx)
+		stop()
+		if err := lost.explain(done, cli, context.DeadlineExceeded); err != context.DeadlineExceeded {
+			t.Errorf("explain after the command's end = %v", err)
+		}
+		// Nothing answers: not leaderless.
+		down := connFlags{endpoints: strings.Join(eps[1:], ","), dialTimeout: dial}
+		downCli, err := clientv3.New(clientv3.Config{Endpoints: eps[1:], Logger: zap.NewNop()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer downCli.Close()
+		if down.leaderless(ctx, downCli) {
+			t.Error("leaderless: true with no member up")
 		}
 	})
 }

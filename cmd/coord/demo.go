@@ -1,12 +1,15 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -24,16 +27,22 @@ const (
 	// demoWait bounds every wait of the demo: a step that takes longer is
 	// a failure, not something to wait for.
 	demoWait = 15 * time.Second
+	// demoShards is the number of shards of the ShardSet act.
+	demoShards = 12
 )
 
 func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	c := newCmdFlags("demo", "", `Run a self-contained demo of coord, in about five seconds, with nothing to
-set up: an embedded etcd, four simulated agents (each with its own client)
-registering their hosts with a 2s lease, a watcher of the hosts, and an
-election that three of them contest. Then one host crashes, then the leader
-crashes, and the demo shows, as it happens, the Down events and the failover
-with their measured delays; a third agent stops cleanly for comparison.
-A crash is simulated by closing the agent's client without stopping
+	c := newCmdFlags("demo", "", `Run a self-contained demo of coord, in about ten seconds, with nothing to
+set up: an embedded etcd, simulated agents (each with its own client)
+registering their hosts with a 2s lease, and a watcher of the hosts.
+First, an election that three agents contest: one host crashes, then the
+leader crashes, and the demo shows, as it happens, the Down events and the
+failover with their measured delays; a third agent stops cleanly for
+comparison. Then a ShardSet: three more agents share 12 shards, a fourth
+joins and takes the shards it ranks first for, then the agent that owns
+most crashes and its shards go to their standbys; the demo prints each
+move with its delay, and checks that no shard ever ran on two agents at
+once. A crash is simulated by closing the agent's client without stopping
 anything, so its leases are left to expire.`, false)
 	if _, err := c.parse(args, stdout, 0); err != nil {
 		return err
@@ -48,6 +57,7 @@ type demoAgent struct {
 	cli   *clientv3.Client
 	live  *coord.HostLiveness
 	elect *coord.Election // nil unless a candidate
+	set   *coord.ShardSet // nil unless it takes part in the shards
 	up    chan struct{}   // the watcher saw the host up
 	down  chan struct{}   // the watcher saw the host down
 }
@@ -69,9 +79,27 @@ type demo struct {
 	leads  chan demoOutcome
 	wg     sync.WaitGroup // the watcher's consumer and the campaigns
 
+	shards []string // the ShardSet's
+
 	mu      sync.Mutex
 	marks   map[*demoAgent]demoMark // when and how an agent went
 	results []demoResult            // the summary
+	// What the shard signals told, by shard: the agent whose Run runs it,
+	// the agent that ran it last and when that Run returned; every change
+	// of owner, and the first shard seen run by two agents at once.
+	running  map[string]*demoAgent
+	lastRun  map[string]*demoAgent
+	returned map[string]time.Time
+	moves    []shardMove
+	overlap  error
+}
+
+// shardMove is a shard passing from one agent's Run to another's.
+type shardMove struct {
+	shard    string
+	from, to *demoAgent
+	gap      time.Duration // from the Run of from returning to the Run of to starting
+	at       time.Time     // when the Run of to started
 }
 
 func runDemo(ctx context.Context, stdout io.Writer) (err error) {
@@ -82,7 +110,7 @@ func runDemo(ctx context.Context, stdout io.Writer) (err error) {
 		return fmt.Errorf("demo: %w", err)
 	}
 	defer os.RemoveAll(dir)
-	log.printf("demo", "4 agents, a host watcher and an election on an embedded etcd; then crashes")
+	log.printf("demo", "an election among 4 agents, then a ShardSet of 4 more, on an embedded etcd; then crashes")
 	log.printf("demo", "starting the embedded etcd")
 	srv, err := coordtest.Start(dir, coordtest.Config{})
 	if err != nil {
@@ -91,7 +119,8 @@ func runDemo(ctx context.Context, stdout io.Writer) (err error) {
 	defer srv.Close()
 	log.printf("demo", "etcd ready at %s", srv.Endpoint())
 
-	d := &demo{log: log, srv: srv, byUUID: map[string]*demoAgent{}, marks: map[*demoAgent]demoMark{}}
+	d := &demo{log: log, srv: srv, byUUID: map[string]*demoAgent{}, marks: map[*demoAgent]demoMark{},
+		running: map[string]*demoAgent{}, lastRun: map[string]*demoAgent{}, returned: map[string]time.Time{}}
 	defer func() {
 		if serr := d.shutdown(); err == nil {
 			err = serr
@@ -113,7 +142,7 @@ func runDemo(ctx context.Context, stdout io.Writer) (err error) {
 // happened.
 func (d *demo) script(ctx context.Context) error {
 	zones := []string{"eu-west-1a", "eu-west-1b"}
-	for i := range 4 {
+	for i := range 8 {
 		a := &demoAgent{
 			name: fmt.Sprintf("node-%d", i+1),
 			up:   make(chan struct{}, 1),
@@ -126,10 +155,14 @@ func (d *demo) script(ctx context.Context) error {
 	}
 	n1, n2, n3, n4 := d.agents[0], d.agents[1], d.agents[2], d.agents[3]
 
+	for i := range demoShards {
+		d.shards = append(d.shards, fmt.Sprintf("shard-%02d", i))
+	}
+
 	if err := d.startWatcher(ctx); err != nil {
 		return err
 	}
-	for _, a := range d.agents {
+	for _, a := range d.agents[:4] {
 		if err := d.register(ctx, a); err != nil {
 			return err
 		}
@@ -213,6 +246,24 @@ func (d *demo) script(ctx context.Context) error {
 		return fmt.Errorf("%s: %w", n3.name, err)
 	}
 
+	// A ShardSet ranks every live host under its host prefix, whether it
+	// takes part or not: n2 leaves the fleet to the ShardSet's hosts.
+	d.log.printf("demo", "--- %s, the last of the election's agents, resigns and stops", n2.name)
+	if err := n2.elect.Close(); err != nil {
+		return fmt.Errorf("%s: %w", n2.name, err)
+	}
+	d.mark(n2, "Stop")
+	if err := n2.live.Stop(ctx); err != nil {
+		return fmt.Errorf("%s: %w", n2.name, err)
+	}
+	if err := d.await(ctx, n2.down, n2.name+" seen down"); err != nil {
+		return err
+	}
+
+	if err := d.shardAct(ctx); err != nil {
+		return err
+	}
+
 	d.mu.Lock()
 	lines := d.results
 	d.mu.Unlock()
@@ -226,6 +277,305 @@ func (d *demo) script(ctx context.Context) error {
 	}
 	return nil
 }
+
+// shardAct is the ShardSet's part of the demo: three agents share the
+// shards, a fourth joins, then the one that owns most crashes. Where each
+// shard must go is known in advance (shardRank): the demo waits for that,
+// then prints the moves that took it there, and checks that there were no
+// others.
+func (d *demo) shardAct(ctx context.Context) error {
+	fleet := d.agents[4:]
+	first, joiner := fleet[:3], fleet[3]
+	d.log.printf("demo", "--- ShardSet: %s, %s and %s share %d shards, each an election under %s; each shard is",
+		first[0].name, first[1].name, first[2].name, len(d.shards), coord.ShardsPrefix)
+	d.log.printf("demo", "    owned by the live host that ranks first for it (rendezvous hashing), the next-ranked in line as its standby")
+	for _, a := range first {
+		if err := d.register(ctx, a); err != nil {
+			return err
+		}
+	}
+	for _, a := range first {
+		if err := d.startShards(ctx, a); err != nil {
+			return err
+		}
+	}
+	before, err := d.settle(ctx, first)
+	if err != nil {
+		return err
+	}
+	d.log.printf("shards", "settled: every shard owned by its top-ranked host, the next-ranked in line")
+	d.printOwners(first, before)
+
+	d.log.printf("demo", "--- %s joins: the shards it ranks first for move to it (about %d/%d), no other shard moves",
+		joiner.name, len(d.shards), len(fleet))
+	if err := d.register(ctx, joiner); err != nil {
+		return err
+	}
+	mark := d.moveCount()
+	if err := d.startShards(ctx, joiner); err != nil {
+		return err
+	}
+	after, err := d.settle(ctx, fleet)
+	if err != nil {
+		return err
+	}
+	moved, err := d.checkMoves(mark, before, after)
+	if err != nil {
+		return fmt.Errorf("%s joined: %w", joiner.name, err)
+	}
+	var longest time.Duration
+	for _, m := range d.movesSince(mark) {
+		longest = max(longest, m.gap)
+		d.log.printf("shards", "%s: %s -> %s, owned again %d ms after %s let go", m.shard, m.from.name, m.to.name, m.gap.Milliseconds(), m.from.name)
+	}
+	if len(moved) == 0 {
+		// A fair draw: 12 shards miss one host of 4 about 3% of the time.
+		d.log.printf("shards", "join: %s ranks first for none of the %d shards: none moved", joiner.name, len(d.shards))
+	} else {
+		d.log.printf("shards", "join: %d of %d shards moved, all to %s; the other %d stayed put", len(moved), len(d.shards), joiner.name, len(d.shards)-len(moved))
+	}
+	d.printOwners(fleet, after)
+	if len(moved) > 0 {
+		d.result(joiner.name+" joins -> a moved shard owned again, longest gap", longest.Milliseconds())
+	}
+
+	victim := slices.MaxFunc(fleet, func(a, b *demoAgent) int { return cmp.Compare(ownedBy(after, a), ownedBy(after, b)) })
+	rest := slices.DeleteFunc(slices.Clone(fleet), func(a *demoAgent) bool { return a == victim })
+	d.log.printf("demo", "--- %s, owning %d shards, crashes: its leases are left to expire (TTL %v); each of its shards has a standby in line",
+		victim.name, ownedBy(after, victim), demoTTL)
+	mark = d.moveCount()
+	d.crash(victim)
+	final, err := d.settle(ctx, rest)
+	if err != nil {
+		return err
+	}
+	moved, err = d.checkMoves(mark, after, final)
+	if err != nil {
+		return fmt.Errorf("%s crashed: %w", victim.name, err)
+	}
+	var delays []int64
+	for _, m := range d.movesSince(mark) {
+		ms := d.sinceAt(victim, m.at)
+		delays = append(delays, ms)
+		d.log.printf("shards", "%s: %s -> %s, owned again %d ms after the crash", m.shard, m.from.name, m.to.name, ms)
+	}
+	d.log.printf("shards", "crash: the %d shards %s owned moved to their standbys; no other shard moved", len(moved), victim.name)
+	d.printOwners(rest, final)
+	if len(delays) > 0 {
+		d.result(victim.name+" crash -> its shards owned again, first", slices.Min(delays))
+		d.result(victim.name+" crash -> its shards owned again, last", slices.Max(delays))
+	}
+	d.log.printf("shards", "no shard ever ran on two hosts at once: each Run started after the previous owner's had returned")
+	return nil
+}
+
+// startShards starts a's ShardSet. Its Run does nothing but wait for its
+// ctx to end: the demo follows the shards through their signals.
+func (d *demo) startShards(ctx context.Context, a *demoAgent) error {
+	set, err := coord.NewShardSet(ctx, a.cli, coord.ShardOptions{
+		Shards:   d.shards,
+		Self:     a.meta.HostUUID,
+		TTL:      demoTTL,
+		Run:      func(ctx context.Context, _ coord.Shard) { <-ctx.Done() },
+		OnSignal: d.onShardSignal,
+	})
+	if err != nil {
+		return fmt.Errorf("%s: %w", a.name, err)
+	}
+	a.set = set
+	d.log.printf(a.name, "starts its ShardSet (session TTL %v)", demoTTL)
+	return nil
+}
+
+// onShardSignal follows the Runs of the shards: it notes every change of
+// owner, and the first shard seen run by two agents at once. The
+// signals of one shard are causally ordered: a Run's end is signalled
+// before its owner resigns, which the next owner waits for.
+func (d *demo) onShardSignal(sig coord.Signal) {
+	if sig.Kind != coord.SignalShardAcquired && sig.Kind != coord.SignalShardReleased {
+		return
+	}
+	a, now := d.byUUID[sig.Host], time.Now()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if sig.Kind == coord.SignalShardReleased {
+		if d.running[sig.Key] == a {
+			delete(d.running, sig.Key)
+		}
+		d.returned[sig.Key] = now
+		return
+	}
+	if r := d.running[sig.Key]; r != nil && d.overlap == nil {
+		d.overlap = fmt.Errorf("%s: %s started it while %s still ran it", sig.Key, a.name, r.name)
+	}
+	d.running[sig.Key] = a
+	if from := d.lastRun[sig.Key]; from != nil && from != a {
+		d.moves = append(d.moves, shardMove{sig.Key, from, a, now.Sub(d.returned[sig.Key]), now})
+	}
+	d.lastRun[sig.Key] = a
+}
+
+func (d *demo) moveCount() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.moves)
+}
+
+// movesSince returns the moves from the i-th on, by shard, each shard's
+// in order.
+func (d *demo) movesSince(i int) []shardMove {
+	d.mu.Lock()
+	ms := slices.Clone(d.moves[i:])
+	d.mu.Unlock()
+	slices.SortStableFunc(ms, func(a, b shardMove) int { return strings.Compare(a.shard, b.shard) })
+	return ms
+}
+
+// checkMoves checks the moves from the i-th on against the owners before
+// and after: each shard whose owner changed went from one to the other
+// (through another on the way, at worst: a handover may race with a
+// candidacy), and no other shard moved. It returns the shards that moved.
+func (d *demo) checkMoves(i int, before, after map[string]*demoAgent) ([]string, error) {
+	by := map[string][]shardMove{}
+	for _, m := range d.movesSince(i) {
+		by[m.shard] = append(by[m.shard], m)
+	}
+	var moved []string
+	for _, s := range d.shards {
+		ms := by[s]
+		switch {
+		case before[s] == after[s] && len(ms) > 0:
+			return nil, fmt.Errorf("%s moved from %s to %s, it should have stayed", s, ms[0].from.name, ms[0].to.name)
+		case before[s] == after[s]:
+		case len(ms) == 0 || ms[0].from != before[s] || ms[len(ms)-1].to != after[s]:
+			return nil, fmt.Errorf("%s should have moved from %s to %s, moves seen: %d", s, before[s].name, after[s].name, len(ms))
+		default:
+			moved = append(moved, s)
+		}
+	}
+	return moved, nil
+}
+
+// settle waits until the shards are where rendezvous hashing puts them
+// among the live agents: etcd holds, for each shard, the candidacies of
+// the two agents that rank first for it, the first one's first; the first
+// one's Run runs it, and no other agent's. It returns the owners.
+func (d *demo) settle(ctx context.Context, live []*demoAgent) (map[string]*demoAgent, error) {
+	var ids []string
+	for _, a := range live {
+		ids = append(ids, a.meta.HostUUID)
+	}
+	want := map[string][]string{}
+	owners := map[string]*demoAgent{}
+	for _, s := range d.shards {
+		r := shardRank(s, ids)
+		want[s] = r[:min(coord.DefaultShardReplicas, len(r))]
+		owners[s] = d.byUUID[r[0]]
+	}
+	ctx, cancel := context.WithTimeout(ctx, demoWait)
+	defer cancel()
+	for {
+		diff, err := d.placed(ctx, want)
+		if err == nil && diff == "" {
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			return owners, d.overlap
+		}
+		select {
+		case <-ctx.Done():
+			if err == nil {
+				err = errors.New(diff)
+			}
+			return nil, fmt.Errorf("shards not placed by rendezvous hashing within %v: %w", demoWait, err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// placed says how the shards differ from want, by shard the HostUUIDs of
+// its candidates, the owner first: "" if they do not.
+func (d *demo) placed(ctx context.Context, want map[string][]string) (string, error) {
+	infos, err := listShards(ctx, d.cli, coord.ShardsPrefix, io.Discard)
+	if err != nil {
+		return "", err
+	}
+	names := func(ids []string) string {
+		var ns []string
+		for _, id := range ids {
+			if a := d.byUUID[id]; a != nil {
+				id = a.name
+			}
+			ns = append(ns, id)
+		}
+		return strings.Join(ns, ", ")
+	}
+	found := map[string][]string{}
+	for _, info := range infos {
+		found[info.Shard] = []string{info.Owner.Identity}
+		for _, c := range info.Standbys {
+			found[info.Shard] = append(found[info.Shard], c.Identity)
+		}
+	}
+	for _, s := range d.shards {
+		if !slices.Equal(found[s], want[s]) {
+			return fmt.Sprintf("%s: candidates [%s], want [%s]", s, names(found[s]), names(want[s])), nil
+		}
+	}
+	if len(found) != len(want) {
+		return fmt.Sprintf("%d shards in etcd, want %d", len(found), len(want)), nil
+	}
+	running := map[string]bool{}
+	for _, a := range d.agents {
+		if a.set == nil {
+			continue
+		}
+		for _, sh := range a.set.Owned() {
+			if want[sh.Name][0] != a.meta.HostUUID {
+				return fmt.Sprintf("%s: run by %s, want %s", sh.Name, a.name, names(want[sh.Name][:1])), nil
+			}
+			running[sh.Name] = true
+		}
+	}
+	for _, s := range d.shards {
+		if !running[s] {
+			return fmt.Sprintf("%s: not run by %s", s, names(want[s][:1])), nil
+		}
+	}
+	return "", nil
+}
+
+// printOwners prints the shards each of agents owns, a line each, with
+// no other line in between.
+func (d *demo) printOwners(agents []*demoAgent, owners map[string]*demoAgent) {
+	var lines [][2]string
+	for _, a := range agents {
+		var mine []string
+		for _, s := range d.shards {
+			if owners[s] == a {
+				mine = append(mine, s)
+			}
+		}
+		lines = append(lines, [2]string{a.name, strings.TrimSpace(fmt.Sprintf("owns %2d: %s", len(mine), strings.Join(mine, " ")))})
+	}
+	d.log.lines(lines)
+}
+
+// ownedBy returns how many shards owners gives a.
+func ownedBy(owners map[string]*demoAgent, a *demoAgent) int {
+	n := 0
+	for _, o := range owners {
+		if o == a {
+			n++
+		}
+	}
+	return n
+}
+
+// shardRank returns hosts ranked for shard, best first, as every
+// ShardSet ranks them. Rendezvous hashing needs no coordination: any
+// program can compute the placement, so the demo knows where each shard
+// must go, and checks that it went there.
+func shardRank(shard string, hosts []string) []string { return coord.RankHosts(shard, hosts) }
 
 // startWatcher starts the host watcher, on its own client, and a consumer
 // that prints its events.
@@ -400,6 +750,15 @@ func (d *demo) await(ctx context.Context, ch <-chan struct{}, what string) error
 func (d *demo) shutdown() error {
 	var errs []error
 	var stopped []*demoAgent
+	// The ShardSets first, all at once: one closing hands its shards to
+	// the others, which are closing too.
+	var sets sync.WaitGroup
+	for _, a := range d.agents {
+		if a.set != nil {
+			sets.Go(func() { a.set.Close() })
+		}
+	}
+	sets.Wait()
 	for _, a := range d.agents {
 		d.mu.Lock()
 		_, gone := d.marks[a]
@@ -462,8 +821,16 @@ func (l *demoLog) raw(line string) {
 }
 
 func (l *demoLog) printf(who, format string, args ...any) {
-	line := fmt.Sprintf(format, args...)
+	l.lines([][2]string{{who, fmt.Sprintf(format, args...)}})
+}
+
+// lines prints lines, each who speaks and what it says, with no other
+// line in between.
+func (l *demoLog) lines(lines [][2]string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	fmt.Fprintf(l.w, "%s  %-8s %s\n", time.Now().Format(timestamp), who, line)
+	now := time.Now().Format(timestamp)
+	for _, line := range lines {
+		fmt.Fprintf(l.w, "%s  %-8s %s\n", now, line[0], line[1])
+	}
 }

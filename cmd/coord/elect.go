@@ -43,13 +43,13 @@ reads: no lease or key is created.`, true)
 		return err
 	}
 	defer cli.Close()
-	ctx, cancel := context.WithTimeout(ctx, c.conn.commandTimeout)
+	rctx, cancel := context.WithTimeout(ctx, c.conn.commandTimeout)
 	defer cancel()
 	// coord's Election.Leader would do, but an Election holds a session:
 	// it would grant a lease just to read a key.
-	resp, err := cli.Get(ctx, key+"/", clientv3.WithFirstCreate()...)
+	resp, err := cli.Get(rctx, key+"/", clientv3.WithFirstCreate()...)
 	if err != nil {
-		return fmt.Errorf("read leader of %s: %w", key, err)
+		return c.conn.explain(ctx, cli, fmt.Errorf("read leader of %s: %w", key, err))
 	}
 	if len(resp.Kvs) == 0 {
 		return fmt.Errorf("election %s has no leader", key)

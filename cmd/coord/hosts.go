@@ -37,36 +37,50 @@ are not hosts are skipped with a warning on stderr.`, true)
 	if *output != "table" && *output != "json" {
 		return usagef("-o %q: want table or json", *output)
 	}
-	cli, err := c.conn.connect(ctx)
-	if err != nil {
-		return err
-	}
-	defer cli.Close()
-	ctx, cancel := context.WithTimeout(ctx, c.conn.commandTimeout)
-	defer cancel()
-	hosts, err := listHosts(ctx, cli, c.conn.prefix, stderr)
-	if err != nil {
-		return err
-	}
-	if *output == "json" {
-		if hosts == nil {
-			hosts = []liveHost{}
-		}
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(hosts)
-	}
-	if len(hosts) == 0 {
-		fmt.Fprintf(stderr, "coord: no host under %s\n", c.conn.prefix)
-		return nil
-	}
-	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	return runListing(ctx, c, *output == "json", stdout, stderr, "host", listHosts, printHosts)
+}
+
+// printHosts prints hosts as a table.
+func printHosts(w io.Writer, hosts []liveHost) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "UUID\tHOSTNAME\tVERSION\tLABELS\tTTL LEFT")
 	for _, h := range hosts {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", h.HostUUID, dash(h.Hostname), dash(h.Version),
 			dash(formatLabels(h.Labels)), formatTTL(h))
 	}
 	return tw.Flush()
+}
+
+// runListing runs a listing command once its flags are parsed: it
+// connects, reads the items under --prefix with list within
+// --command-timeout, and prints them as JSON ([] when there are none) or
+// with table (a note on stderr when there are none).
+func runListing[T any](ctx context.Context, c *cmdFlags, asJSON bool, stdout, stderr io.Writer, noun string,
+	list func(context.Context, *clientv3.Client, string, io.Writer) ([]T, error), table func(io.Writer, []T) error) error {
+	cli, err := c.conn.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	rctx, cancel := context.WithTimeout(ctx, c.conn.commandTimeout)
+	defer cancel()
+	items, err := list(rctx, cli, c.conn.prefix, stderr)
+	if err != nil {
+		return c.conn.explain(ctx, cli, err)
+	}
+	if asJSON {
+		if items == nil {
+			items = []T{}
+		}
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(items)
+	}
+	if len(items) == 0 {
+		fmt.Fprintf(stderr, "coord: no %s under %s\n", noun, c.conn.prefix)
+		return nil
+	}
+	return table(stdout, items)
 }
 
 // listHosts reads the hosts under prefix, sorted by UUID, with the state of

@@ -6,6 +6,7 @@
 //	coord watch                     # host events until Ctrl-C
 //	coord leader KEY                # the leader of an election
 //	coord campaign KEY IDENTITY     # lead until Ctrl-C, then resign
+//	coord shards                    # each shard's owner and standbys
 //
 // Connection flags follow etcdctl's (--endpoints, --cacert, --cert, --key,
 // --user, --dial-timeout) and go before or after the command. Exit status:
@@ -22,6 +23,8 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+
+	"github.com/go-coord/coord"
 )
 
 func main() {
@@ -61,6 +64,7 @@ func commands() []command {
 		{"watch", "", "stream host events until interrupted", cmdWatch},
 		{"leader", "KEY", "print the identity of the leader of election KEY", cmdLeader},
 		{"campaign", "KEY IDENTITY", "lead election KEY as IDENTITY until interrupted, then resign", cmdCampaign},
+		{"shards", "", "list the shards under --prefix: owner, fencing token, standbys", cmdShards},
 		{"bench", "", "run the benchmarks (see coord bench -h)", cmdBench},
 	}
 }
@@ -148,7 +152,7 @@ Commands:
 	for _, c := range commands() {
 		fmt.Fprintf(w, "  %-23s %s\n", strings.TrimSpace(c.name+" "+c.args), c.summary)
 	}
-	fmt.Fprintln(w, "\nConnection flags (before or after the command; --prefix: hosts and watch):")
+	fmt.Fprintln(w, "\nConnection flags (before or after the command; --prefix: hosts and watch, and\nshards with the shards' prefix, default "+coord.ShardsPrefix+"):")
 	printFlags(w, fs, nil)
 	fmt.Fprint(w, `
 Run 'coord COMMAND -h' (or 'coord help COMMAND') for the flags of a command.

@@ -1,0 +1,332 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/go-coord/coord/coordtest"
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+)
+
+// benchClusterEnv, when set, makes this binary (the coord command, or its
+// test binary) run an embedded etcd cluster for the bench and nothing else.
+// Its value is "<members>:<data directory>". The bench starts such a child
+// process for scenario 9, so that the cluster's CPU time and memory can be
+// told apart from the agents'.
+const benchClusterEnv = "COORD_BENCH_CLUSTER"
+
+func init() {
+	if spec, ok := os.LookupEnv(benchClusterEnv); ok {
+		os.Exit(benchClusterChild(spec, os.Stdin, os.Stdout))
+	}
+}
+
+// benchClusterChild runs the cluster described by spec. It prints
+// "ready <endpoints>" once every member serves (or "error <why>"), then
+// answers each "stat" line read from in with "stat <cpu ns> <rss bytes>
+// <peak rss bytes> 0" (0 where the platform cannot tell), and each "gc"
+// line the same way after a garbage collection that gives freed memory
+// back to the system, with the live heap in place of the 0. It returns
+// when in ends: the parent is done with it, or gone. Nothing is shut down
+// gracefully: the process exits, and the parent removes the data.
+func benchClusterChild(spec string, in io.Reader, out io.Writer) int {
+	n, dir, ok := strings.Cut(spec, ":")
+	members, err := strconv.Atoi(n)
+	if !ok || err != nil || members < 1 || dir == "" {
+		fmt.Fprintf(out, "error bad %s %q\n", benchClusterEnv, spec)
+		return 1
+	}
+	endpoints, err := benchStartMembers(dir, members)
+	if err != nil {
+		fmt.Fprintf(out, "error %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
+		return 1
+	}
+	fmt.Fprintf(out, "ready %s\n", strings.Join(endpoints, ","))
+	sc := bufio.NewScanner(in)
+	for sc.Scan() {
+		var heap uint64
+		switch sc.Text() {
+		case "stat":
+		case "gc":
+			// What the members keep, without the garbage of what they did.
+			debug.FreeOSMemory()
+			var ms runtime.MemStats
+			runtime.ReadMemStats(&ms)
+			heap = ms.HeapAlloc
+		default:
+			continue
+		}
+		cpu, _ := benchProcessCPU()
+		rss, peak := benchProcessRSS()
+		fmt.Fprintf(out, "stat %d %d %d %d\n", cpu, rss, peak, heap)
+	}
+	return 0
+}
+
+// benchStartMembers starts an etcd cluster of n members in this process,
+// tuned as coordtest tunes its servers, with their data under dir, and
+// returns their client URLs once all are ready. It tries other ports if
+// one was taken meanwhile.
+func benchStartMembers(dir string, n int) ([]string, error) {
+	var err error
+	for attempt := range 5 {
+		var endpoints []string
+		if endpoints, err = benchTryMembers(filepath.Join(dir, fmt.Sprint(attempt)), n); err == nil {
+			return endpoints, nil
+		}
+		if !errors.Is(err, syscall.EADDRINUSE) {
+			break
+		}
+	}
+	return nil, err
+}
+
+func benchTryMembers(dir string, n int) ([]string, error) {
+	ports, err := benchFreePorts(2 * n)
+	if err != nil {
+		return nil, err
+	}
+	loopback := func(port int) url.URL {
+		return url.URL{Scheme: "http", Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(port))}
+	}
+	var peers, endpoints []string
+	for i := range n {
+		client, peer := loopback(ports[2*i]), loopback(ports[2*i+1])
+		peers = append(peers, fmt.Sprintf("m%d=%s", i, peer.String()))
+		endpoints = append(endpoints, client.String())
+	}
+	var started []*embed.Etcd
+	for i := range n {
+		cfg := embed.NewConfig()
+		cfg.Name = fmt.Sprintf("m%d", i)
+		cfg.Dir = filepath.Join(dir, cfg.Name)
+		cfg.TickMs, cfg.ElectionMs = coordtest.DefaultTickMs, coordtest.DefaultElectionMs
+		client, peer := loopback(ports[2*i]), loopback(ports[2*i+1])
+		cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
+		cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
+		cfg.InitialCluster = strings.Join(peers, ",")
+		cfg.InitialClusterToken = "coord-bench"
+		cfg.ListenMetricsUrls = nil
+		cfg.UnsafeNoFsync = true
+		cfg.AutoCompactionRetention = "0"
+		cfg.EnableGRPCGateway = false
+		cfg.Logger, cfg.LogLevel = "zap", "error"
+		cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+		// One by one: a member asks those already up whether the cluster
+		// is bootstrapped; it does not wait for the others to be ready.
+		e, err := embed.StartEtcd(cfg)
+		if err != nil {
+			return nil, fmt.Errorf("starting member %s: %w", cfg.Name, err)
+		}
+		started = append(started, e)
+	}
+	deadline := time.NewTimer(60 * time.Second)
+	defer deadline.Stop()
+	for _, e := range started {
+		select {
+		case <-e.Server.ReadyNotify():
+		case err := <-e.Err():
+			return nil, fmt.Errorf("member failed before it was ready: %w", err)
+		case <-deadline.C:
+			return nil, errors.New("members not ready after 60 s")
+		}
+	}
+	return endpoints, nil
+}
+
+// benchFreePorts returns n distinct loopback ports that were free a moment
+// ago.
+func benchFreePorts(n int) ([]int, error) {
+	var ports []int
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("picking a free port: %w", err)
+		}
+		defer l.Close()
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+// benchCluster is an embedded etcd cluster in a child process of the
+// bench: its CPU time and memory are its own.
+type benchCluster struct {
+	endpoints []string
+	dir       string
+	cmd       *exec.Cmd
+	in        io.WriteCloser
+	out       *bufio.Reader
+	stderr    *benchTail
+	exited    chan struct{} // closed once the child has exited
+}
+
+// benchClusterStat is what the child process has used.
+type benchClusterStat struct {
+	cpu       time.Duration
+	rss, peak int64 // bytes; 0 where the platform cannot tell
+	heap      int64 // bytes of live heap, after a gc
+}
+
+// start starts the child, command name with args and env.
+func (c *benchCluster) start(env []string, name string, args ...string) (err error) {
+	c.cmd = exec.Command(name, args...)
+	c.cmd.Env = env
+	c.cmd.Stderr = c.stderr
+	if c.in, err = c.cmd.StdinPipe(); err != nil {
+		return err
+	}
+	out, err := c.cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	c.out = bufio.NewReader(out)
+	return c.cmd.Start()
+}
+
+// benchEmulator names the user-mode emulator of this GOARCH.
+func benchEmulator() string {
+	cpu := runtime.GOARCH
+	switch cpu {
+	case "arm64":
+		cpu = "aarch64"
+	case "loong64":
+		cpu = "loongarch64"
+	}
+	return "qemu-" + cpu + "-static"
+}
+
+// startBenchCluster starts a cluster of n members in a child process (this
+// binary again, with benchClusterEnv set) and waits until it serves.
+func startBenchCluster(ctx context.Context, n int) (_ *benchCluster, err error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("bench: cluster: %w", err)
+	}
+	dir, err := benchTempDir()
+	if err != nil {
+		return nil, fmt.Errorf("bench: cluster: %w", err)
+	}
+	c := &benchCluster{dir: dir, stderr: &benchTail{}, exited: make(chan struct{})}
+	env := append(os.Environ(), fmt.Sprintf("%s=%d:%s", benchClusterEnv, n, dir))
+	err = c.start(env, exe)
+	if errors.Is(err, syscall.ENOEXEC) {
+		// Under user-mode emulation (how CI tests the other
+		// architectures) the kernel may not run this binary by itself:
+		// run it under the same emulator.
+		var emu string
+		if emu, err = exec.LookPath(benchEmulator()); err == nil {
+			err = c.start(env, emu, exe)
+		}
+	}
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, fmt.Errorf("bench: cluster: %w", err)
+	}
+	go func() { _ = c.cmd.Wait(); close(c.exited) }()
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, c.close())
+		}
+	}()
+	ready := make(chan error, 1)
+	go func() {
+		line, err := c.out.ReadString('\n')
+		switch {
+		case strings.HasPrefix(line, "ready "):
+			c.endpoints = strings.Split(strings.TrimSpace(strings.TrimPrefix(line, "ready ")), ",")
+			ready <- nil
+		case err != nil:
+			ready <- fmt.Errorf("child exited: %w", err)
+		default:
+			ready <- errors.New(strings.TrimSpace(line))
+		}
+	}()
+	select {
+	case err = <-ready:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bench: cluster of %d: %w%s", n, err, c.stderr.suffix())
+	}
+	return c, nil
+}
+
+// stat asks the child what it has used so far.
+func (c *benchCluster) stat() (benchClusterStat, error) { return c.ask("stat") }
+
+// gc has the child collect its garbage and give the memory back first.
+func (c *benchCluster) gc() (benchClusterStat, error) { return c.ask("gc") }
+
+func (c *benchCluster) ask(what string) (benchClusterStat, error) {
+	if _, err := io.WriteString(c.in, what+"\n"); err != nil {
+		return benchClusterStat{}, fmt.Errorf("bench: cluster: %w%s", err, c.stderr.suffix())
+	}
+	line, err := c.out.ReadString('\n')
+	var cpu, rss, peak, heap int64
+	if err == nil {
+		_, err = fmt.Sscanf(line, "stat %d %d %d %d", &cpu, &rss, &peak, &heap)
+	}
+	if err != nil {
+		return benchClusterStat{}, fmt.Errorf("bench: cluster: reading its stats: %w%s", err, c.stderr.suffix())
+	}
+	return benchClusterStat{cpu: time.Duration(cpu), rss: rss, peak: peak, heap: heap}, nil
+}
+
+// close ends the child (it exits when its stdin closes; killed if it has
+// not within 10 s) and removes its data.
+func (c *benchCluster) close() error {
+	_ = c.in.Close()
+	select {
+	case <-c.exited:
+	case <-time.After(10 * time.Second):
+		_ = c.cmd.Process.Kill()
+		<-c.exited
+	}
+	return os.RemoveAll(c.dir)
+}
+
+// benchTail keeps the last few KB written to it: the child's stderr, for
+// the error that says why it failed.
+type benchTail struct {
+	mu sync.Mutex
+	b  []byte
+}
+
+func (t *benchTail) Write(p []byte) (int, error) {
+	const keep = 4 << 10
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.b = append(t.b, p...)
+	if len(t.b) > keep {
+		t.b = t.b[len(t.b)-keep:]
+	}
+	return len(p), nil
+}
+
+// suffix is ": <what the child wrote>", or "" if nothing.
+func (t *benchTail) suffix() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if s := strings.TrimSpace(string(t.b)); s != "" {
+		return ": " + s
+	}
+	return ""
+}

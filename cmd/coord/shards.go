@@ -1,0 +1,112 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/go-coord/coord"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// shardInfo is a shard as coord shards shows it: its election's candidates,
+// the owner first, then the standbys in the order they would lead.
+type shardInfo struct {
+	Shard    string           `json:"shard"`
+	Key      string           `json:"key"` // the shard's election key
+	Owner    shardCandidate   `json:"owner"`
+	Standbys []shardCandidate `json:"standbys"`
+}
+
+// shardCandidate is a candidacy in a shard's election.
+type shardCandidate struct {
+	Identity string `json:"identity"` // a ShardSet's is its host's UUID
+	// Token is the candidacy's create revision: the owner's fencing token,
+	// and the one a standby will lead with. etcd keeps no timestamps: how
+	// long an owner has held its shard cannot be read, but a larger token
+	// is a later candidacy.
+	Token int64  `json:"token"`
+	Lease string `json:"lease"` // hex, as etcdctl shows lease IDs
+}
+
+func cmdShards(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	c := newCmdFlags("shards", "", `List the shards of the ShardSets under --prefix: each shard is an election
+at <prefix><shard>, whose candidates are the hosts in line for it. For each
+shard found, print its owner (the candidate created first, as the election
+defines its leader), its fencing token, and its standbys in the order they
+would take over. A shard nobody campaigns for leaves nothing in etcd and is
+not listed. etcd keeps no timestamps, so how long an owner has held its
+shard cannot be read: TOKEN, the create revision of the owner's candidacy,
+is what grows with each new ownership. It only reads: no lease or key is
+created. Keys under the prefix that are not candidates are skipped with a
+warning on stderr.`, true)
+	c.StringVar(&c.conn.prefix, "prefix", coord.ShardsPrefix, "etcd `prefix` of the shard elections; ends in /")
+	output := c.String("o", "text", "output `format`: text (a table) or json")
+	if _, err := c.parse(args, stdout, 0); err != nil {
+		return err
+	}
+	if *output != "text" && *output != "json" {
+		return usagef("-o %q: want text or json", *output)
+	}
+	return runListing(ctx, c, *output == "json", stdout, stderr, "shard", listShards, printShards)
+}
+
+// listShards reads the candidates of the shard elections under prefix, in
+// one request (one revision), and returns the shards sorted by name, their
+// candidates in line order: by create revision, as the election orders
+// them. Keys that are not <prefix><shard>/<lease> are skipped with a
+// warning on stderr.
+func listShards(ctx context.Context, cli *clientv3.Client, prefix string, stderr io.Writer) ([]shardInfo, error) {
+	resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("list shards under %s: %w", prefix, err)
+	}
+	type cand struct {
+		shardCandidate
+		key string
+	}
+	by := map[string][]cand{}
+	for _, kv := range resp.Kvs {
+		key := string(kv.Key)
+		shard, lease, ok := strings.Cut(strings.TrimPrefix(key, prefix), "/")
+		if !ok || shard == "" || lease == "" || strings.Contains(lease, "/") {
+			fmt.Fprintf(stderr, "coord: skipping %s: not a candidate key (%s<shard>/<lease>)\n", key, prefix)
+			continue
+		}
+		by[shard] = append(by[shard], cand{shardCandidate{Identity: string(kv.Value), Token: kv.CreateRevision,
+			Lease: fmt.Sprintf("%x", kv.Lease)}, key})
+	}
+	var out []shardInfo
+	for shard, cands := range by {
+		// Only keys put in one transaction share a create revision (no
+		// election does that): the key breaks the tie, for a stable order.
+		slices.SortFunc(cands, func(a, b cand) int {
+			return cmp.Or(cmp.Compare(a.Token, b.Token), strings.Compare(a.key, b.key))
+		})
+		info := shardInfo{Shard: shard, Key: prefix + shard, Owner: cands[0].shardCandidate, Standbys: []shardCandidate{}}
+		for _, c := range cands[1:] {
+			info.Standbys = append(info.Standbys, c.shardCandidate)
+		}
+		out = append(out, info)
+	}
+	slices.SortFunc(out, func(a, b shardInfo) int { return strings.Compare(a.Shard, b.Shard) })
+	return out, nil
+}
+
+// printShards prints shards as a table.
+func printShards(w io.Writer, shards []shardInfo) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SHARD\tOWNER\tTOKEN\tSTANDBYS")
+	for _, s := range shards {
+		var standbys []string
+		for _, c := range s.Standbys {
+			standbys = append(standbys, c.Identity)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", s.Shard, dash(s.Owner.Identity), s.Owner.Token, dash(strings.Join(standbys, ",")))
+	}
+	return tw.Flush()
+}

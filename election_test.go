@@ -939,6 +939,7 @@ func TestElectionDone(t *testing.T) {
 }
 
 func TestElectionStepDown(t *testing.T) {
+	t.Parallel() // long and bound by waits: see "Parallel tests" in helpers_test.go
 	t.Run("A leader cut off from etcd steps down before a successor can win", func(t *testing.T) {
 		srv, cli := newEtcd(t)
 		p := srv.NewProxy(t)
@@ -1541,6 +1542,7 @@ func TestNewElection(t *testing.T) {
 }
 
 func TestElectionContract(t *testing.T) {
+	t.Parallel() // long and bound by waits: see "Parallel tests" in helpers_test.go
 	t.Run("A session granted late is renewed at once, and the leadership gained on it lasts", func(t *testing.T) {
 		srv, cli := newEtcd(t)
 		p := srv.NewProxy(t)

@@ -357,6 +357,7 @@ func fcRenewed(t *testing.T, since time.Time, ks ...*keeper) {
 }
 
 func TestFaultRenewalStream(t *testing.T) {
+	t.Parallel() // long and bound by waits: see "Parallel tests" in helpers_test.go
 	t.Run("every lease of a client is renewed over one stream", func(t *testing.T) {
 		srv, _ := newEtcd(t)
 		cli, opened := fcCountingClient(t, srv.ClientConfig())

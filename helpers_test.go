@@ -28,6 +28,14 @@ var scale = func() time.Duration {
 	return time.Duration(n)
 }()
 
+// Parallel tests: the longest tests of the package (each over 20 s under
+// emulation: the step-down shapes, the models, the shard handovers) call
+// t.Parallel, so they run after the others, two at a time (go test's
+// -parallel is GOMAXPROCS), while their etcd leases run out. Each has its
+// own etcd and clients, and none reads the log or signals of another; the
+// rest of the suite stays sequential, so a test that counts goroutines
+// (goleak.VerifyNone) sees only its own.
+
 // patience bounds any single wait of a test.
 func patience() time.Duration { return 15 * time.Second * scale }
 

@@ -70,6 +70,7 @@ const (
 )
 
 func TestModel(t *testing.T) {
+	t.Parallel() // long and bound by waits: see "Parallel tests" in helpers_test.go
 	t.Run("random operations and faults keep replicas exact and fenced writes in token order", func(t *testing.T) {
 		newModel(t, mdConfigFromEnv(t)).run()
 	})

@@ -561,6 +561,7 @@ func TestShardMovement(t *testing.T) {
 }
 
 func TestShardFailover(t *testing.T) {
+	t.Parallel() // long and bound by waits: see "Parallel tests" in helpers_test.go
 	srv, _ := newEtcd(t)
 	l := newShLedger()
 	shards := shNames(32)
@@ -692,6 +693,7 @@ func TestShardDrain(t *testing.T) {
 }
 
 func TestShardNoOverlap(t *testing.T) {
+	t.Parallel() // long and bound by waits: see "Parallel tests" in helpers_test.go
 	srv, _ := newEtcd(t)
 	l := newShLedger()
 	shards := shNames(8)
@@ -741,6 +743,7 @@ func TestShardNoOverlap(t *testing.T) {
 }
 
 func TestShardPartition(t *testing.T) {
+	t.Parallel() // long and bound by waits: see "Parallel tests" in helpers_test.go
 	srv, _ := newEtcd(t)
 	l := newShLedger()
 	const shard = "partitioned"
@@ -1114,6 +1117,7 @@ func shCands(t *testing.T, cli *clientv3.Client, prefix string) []*mvccpb.KeyVal
 // each shard, tokens never go back and a token is one host's. The seed is
 // logged; COORD_MODEL_SEED replays a run.
 func TestShardModel(t *testing.T) {
+	t.Parallel() // long and bound by waits: see "Parallel tests" in helpers_test.go
 	seed := uint64(time.Now().UnixNano())
 	if s := os.Getenv("COORD_MODEL_SEED"); s != "" {
 		n, err := strconv.ParseUint(s, 10, 64)

@@ -104,7 +104,9 @@ func sdQueue(t *testing.T, cli *clientv3.Client, b *Election) <-chan etResult {
 }
 
 func TestElectionStepDownShapes(t *testing.T) {
+	t.Parallel() // long and bound by waits: see "Parallel tests" in helpers_test.go
 	t.Run("silent from the start", func(t *testing.T) {
+		t.Parallel()
 		srv, cli := newEtcd(t)
 		p := srv.NewProxy(t)
 		ttl := 2 * time.Second * scale
@@ -119,6 +121,7 @@ func TestElectionStepDownShapes(t *testing.T) {
 	})
 
 	t.Run("failing fast then silent", func(t *testing.T) {
+		t.Parallel()
 		c := coordtest.NewCluster(t, 3)
 		ctx := testCtx(t)
 		// The leader talks to a follower only. Isolated, the follower
@@ -170,6 +173,7 @@ func TestElectionStepDownShapes(t *testing.T) {
 	})
 
 	t.Run("answers slower than a third of the TTL", func(t *testing.T) {
+		t.Parallel()
 		srv, cli := newEtcd(t)
 		p := srv.NewProxy(t)
 		ttl := 3 * time.Second * scale
@@ -187,6 +191,7 @@ func TestElectionStepDownShapes(t *testing.T) {
 	})
 
 	t.Run("a paused process", func(t *testing.T) {
+		t.Parallel()
 		srv, cli := newEtcd(t)
 		p := srv.NewProxy(t)
 		ttl := 2 * time.Second * scale

@@ -122,9 +122,7 @@ func (e *Election) release() { <-e.turn }
 
 // bind returns a context that ends with ctx or when the election is closed.
 func (e *Election) bind(ctx context.Context) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(e.ctx, cancel)
-	return ctx, func() { stop(); cancel() }
+	return withCancelOn(ctx, e.ctx)
 }
 
 // fail explains an error met by a call: ErrClosed if Close cut it short,
@@ -411,9 +409,8 @@ func (e *Election) deleteWithin(s *session, key string, rev int64) error {
 // waitTurn waits until no candidate created before rev remains, and
 // returns the revision at which we lead.
 func (e *Election) waitTurn(ctx context.Context, s *session, key string, rev int64) (int64, error) {
-	wctx, cancel := context.WithCancel(ctx)
+	wctx, cancel := withCancelOn(ctx, s.ctx)
 	defer cancel()
-	defer context.AfterFunc(s.ctx, cancel)()
 	var r retry
 	for {
 		resp, err := e.cli.Txn(wctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", rev)).
@@ -463,9 +460,8 @@ func (e *Election) waitDelete(ctx context.Context, rev int64) bool {
 // cannot vouch for, and a leadership is never lost for want of a renewal
 // that was not tried.
 func (e *Election) takeLead(ctx context.Context, s *session, key string, rev, hdr int64, identity string) error {
-	wctx, cancel := context.WithCancel(ctx)
+	wctx, cancel := withCancelOn(ctx, s.ctx)
 	defer cancel()
-	defer context.AfterFunc(s.ctx, cancel)()
 	for !s.valid() && wctx.Err() == nil {
 		e.log.Debug("coord: campaign waits for its session's first renewal", "token", rev)
 		select {

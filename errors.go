@@ -107,11 +107,3 @@ func (e *opError) Error() string {
 }
 
 func (e *opError) Unwrap() error { return e.err }
-
-// clientCtx returns ctx, also ended when the client is closed: the etcd
-// client otherwise retries a call on a closed connection for seconds.
-func clientCtx(ctx context.Context, cli *clientv3.Client) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(cli.Ctx(), cancel)
-	return ctx, func() { stop(); cancel() }
-}

@@ -99,7 +99,11 @@ func RegisterHostLiveness(ctx context.Context, cli *clientv3.Client, meta HostMe
 		gen:     1,
 		written: make(chan struct{}),
 	}
-	reg, err := h.register(ctx, !opts.Takeover, opts.Takeover)
+	mode := claimWaitOut
+	if opts.Takeover {
+		mode = claimTakeover
+	}
+	reg, err := h.register(ctx, mode)
 	if err != nil {
 		cancel()
 		return nil, opErr(fmt.Sprintf("register host %q", meta.HostUUID), err)
@@ -117,10 +121,23 @@ func cloneMeta(m HostMetadata) HostMetadata {
 	return m
 }
 
+// claim says what register does when another lease holds the host key.
+type claim int
+
+const (
+	// claimWaitOut waits the holder's lease out, once (a crash-restart:
+	// the holder may be our own previous life), then registers.
+	claimWaitOut claim = iota
+	// claimTakeover overwrites the key at once (Takeover).
+	claimTakeover
+	// claimIfFree returns ErrHostExists at once (a heal never overwrites
+	// another holder).
+	claimIfFree
+)
+
 // register writes the host's latest metadata under a new lease. If another
-// lease holds the key it waits that lease out when wait is set, overwrites
-// it when takeover is set, and returns ErrHostExists otherwise.
-func (h *HostLiveness) register(ctx context.Context, wait, takeover bool) (registration, error) {
+// lease holds the key, mode says what to do (see claim).
+func (h *HostLiveness) register(ctx context.Context, mode claim) (registration, error) {
 	var waited clientv3.LeaseID
 	// A member without leader fails the calls at once: a heal retries on
 	// another member rather than waiting out its attempt.
@@ -140,7 +157,7 @@ func (h *HostLiveness) register(ctx context.Context, wait, takeover bool) (regis
 		reg := registration{lease: g.ID, ttl: time.Duration(g.TTL) * time.Second, sent: sent}
 		// A key without a lease holds no host: write over it.
 		free := []clientv3.Cmp{clientv3.Compare(clientv3.LeaseValue(h.key), "=", clientv3.NoLease)}
-		if takeover {
+		if mode == claimTakeover {
 			free = nil
 		}
 		resp, err := h.cli.Txn(ctx).If(free...).
@@ -157,7 +174,7 @@ func (h *HostLiveness) register(ctx context.Context, wait, takeover bool) (regis
 			return registration{}, fmt.Errorf("put host key: %w", err)
 		}
 		holder := resp.Responses[0].GetResponseRange().Kvs[0]
-		if !wait || clientv3.LeaseID(holder.Lease) == waited {
+		if mode != claimWaitOut || clientv3.LeaseID(holder.Lease) == waited {
 			return registration{}, fmt.Errorf("%w: key %q held by lease %x", ErrHostExists, h.key, holder.Lease)
 		}
 		waited = clientv3.LeaseID(holder.Lease)
@@ -283,9 +300,8 @@ func (h *HostLiveness) hold(ctx context.Context, reg registration) error {
 	// Cancelled on return: ends every watch opened below. When etcd says
 	// the lease is gone, the watch ends too and the key is read again: the
 	// watch may have missed the delete (a connection that lost data).
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	wctx, cancel := withCancelOn(clientv3.WithRequireLeader(ctx), k.lost)
 	defer cancel()
-	defer context.AfterFunc(k.lost, cancel)()
 	rev := reg.rev
 	wch := h.cli.Watch(wctx, h.key, clientv3.WithRev(rev+1))
 	var r retry
@@ -355,7 +371,7 @@ func (h *HostLiveness) heal(ctx context.Context, old clientv3.LeaseID) (registra
 		// Each attempt is bounded: one stuck on a member without leader
 		// is retried afresh rather than waiting silently.
 		actx, cancel := context.WithTimeout(ctx, max(h.reqTTL, attemptTimeout))
-		reg, err := h.register(actx, false, false)
+		reg, err := h.register(actx, claimIfFree)
 		cancel()
 		<-h.writes
 		if err == nil {

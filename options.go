@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"os"
 	"strings"
 	"time"
@@ -236,26 +235,4 @@ func identityOrDefault(id string) string {
 	}
 	h, _ := os.Hostname()
 	return h
-}
-
-// retry paces a retry loop: capped exponential backoff, jittered over the
-// upper half of each step so that a fleet does not retry in lockstep.
-type retry struct{ d time.Duration }
-
-// next returns the delay before the next attempt.
-func (r *retry) next() time.Duration {
-	r.d = min(max(2*r.d, minBackoff), maxBackoff)
-	return r.d/2 + rand.N(r.d/2+1)
-}
-
-// sleep waits for d or until ctx ends, reporting whether it waited fully.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }

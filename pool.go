@@ -152,9 +152,8 @@ func (p *ElectionPool) roomLocked() *poolSession {
 // grow makes a new shared session (bounded by ctx, and cut short by
 // Close) and publishes it.
 func (p *ElectionPool) grow(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := withCancelOn(ctx, p.ctx)
 	defer cancel()
-	defer context.AfterFunc(p.ctx, cancel)()
 	s, err := startSession(ctx, p.ctx, p.cli, p.opts.TTL, p.log, &p.wg)
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -178,9 +178,8 @@ func (w *HostWatcher) run(ctx context.Context) {
 	// The etcd client retries a call on a closed client for seconds before
 	// failing it: end our calls as soon as the client closes. ctx alone
 	// says whether the caller ended the watcher.
-	cctx, ccancel := context.WithCancel(ctx)
+	cctx, ccancel := clientCtx(ctx, w.cli)
 	defer ccancel()
-	defer context.AfterFunc(w.cli.Ctx(), ccancel)()
 	o := &outbox{unsynced: -1, synced: w.synced}
 	var r retry
 	for {

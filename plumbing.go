@@ -1,0 +1,48 @@
+package coord
+
+import (
+	"context"
+	"math/rand/v2"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// The context and retry plumbing shared by the concepts.
+
+// withCancelOn returns a context that ends with ctx or when other ends,
+// whichever is first, and its cancel function (which also lets go of
+// other).
+func withCancelOn(ctx, other context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(other, cancel)
+	return ctx, func() { stop(); cancel() }
+}
+
+// clientCtx returns ctx, also ended when the client is closed: the etcd
+// client otherwise retries a call on a closed connection for seconds.
+func clientCtx(ctx context.Context, cli *clientv3.Client) (context.Context, context.CancelFunc) {
+	return withCancelOn(ctx, cli.Ctx())
+}
+
+// retry paces a retry loop: capped exponential backoff, jittered over the
+// upper half of each step so that a fleet does not retry in lockstep.
+type retry struct{ d time.Duration }
+
+// next returns the delay before the next attempt.
+func (r *retry) next() time.Duration {
+	r.d = min(max(2*r.d, minBackoff), maxBackoff)
+	return r.d/2 + rand.N(r.d/2+1)
+}
+
+// sleep waits for d or until ctx ends, reporting whether it waited fully.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

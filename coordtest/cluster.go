@@ -4,11 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log"
-	"net"
-	"net/http"
-	"net/http/httputil"
 	"net/url"
 	"path/filepath"
 	"slices"
@@ -29,8 +24,6 @@ const (
 	leaderTimeout = 30 * time.Second
 	// leaderPoll is the interval at which Cluster.Leader looks again.
 	leaderPoll = 5 * time.Millisecond
-	// peerDialTimeout bounds a peer proxy's dial of its member's listener.
-	peerDialTimeout = time.Second
 )
 
 // Cluster is an embedded etcd cluster of several members for fault tests:
@@ -55,12 +48,7 @@ type Cluster struct {
 	members []*Member // fixed after NewClusterWith
 	net     *peerNet
 
-	// mu guards the fields below.
-	mu      sync.Mutex
-	closed  bool // cleanup has started; hand out nothing more
-	shared  *clientv3.Client
-	clients []*clientCloser
-	proxies []*Proxy
+	owner // what the cleanup closes before stopping the members
 }
 
 // Member is one member of a Cluster. Its name, client and peer ports and
@@ -105,7 +93,12 @@ func NewClusterWith(t testing.TB, n int, cfg Config) *Cluster {
 		t.Fatalf("coordtest: NewCluster with %d members", n)
 	}
 	base := t.TempDir() // before our Cleanup, so the dir outlives the cluster
-	c := &Cluster{f: t, cfg: cfg.withDefaults(), net: newPeerNet()}
+	c := &Cluster{
+		f:     t,
+		cfg:   cfg.withDefaults(),
+		net:   newPeerNet(),
+		owner: owner{gone: "the cluster's cleanup"},
+	}
 	t.Cleanup(c.cleanup)
 
 	for i := 0; i < n; i++ {
@@ -216,20 +209,14 @@ func (c *Cluster) ClientConfig() clientv3.Config {
 // rpctypes.ErrNoLeader instead, once the member has noticed it has none.
 func (c *Cluster) Client() *clientv3.Client {
 	c.f.Helper()
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
+	cli, err := c.sharedClient(c.ClientConfig())
+	if errors.Is(err, errClosed) {
 		c.f.Fatalf("coordtest: Cluster.Client called after the cluster's cleanup")
 	}
-	if c.shared == nil {
-		cli, err := clientv3.New(c.ClientConfig())
-		if err != nil {
-			c.f.Fatalf("coordtest: creating client of the cluster: %v", err)
-		}
-		c.shared = cli
-		c.clients = append(c.clients, &clientCloser{c: cli})
+	if err != nil {
+		c.f.Fatalf("coordtest: creating client of the cluster: %v", err)
 	}
-	return c.shared
+	return cli
 }
 
 // NewClient returns a new client of all the members with its own
@@ -238,12 +225,7 @@ func (c *Cluster) Client() *clientv3.Client {
 // (through t) on error.
 func (c *Cluster) NewClient(t testing.TB) *clientv3.Client {
 	t.Helper()
-	cc, err := newTrackedClient(c.ClientConfig(), c)
-	if err != nil {
-		t.Fatalf("coordtest: %v", err)
-	}
-	t.Cleanup(cc.close)
-	return cc.c
+	return newTestClient(t, c.ClientConfig(), c)
 }
 
 // Leader returns the current raft leader: the member that, as far as the
@@ -323,15 +305,7 @@ func (c *Cluster) Compact(ctx context.Context) int64 {
 }
 
 func (c *Cluster) cleanup() {
-	c.mu.Lock()
-	c.closed = true
-	clients, proxies := c.clients, c.proxies
-	c.clients, c.proxies = nil, nil
-	c.mu.Unlock()
-
-	for _, cc := range clients {
-		cc.close()
-	}
+	proxies := c.closeClients()
 	var wg sync.WaitGroup
 	for _, m := range c.members {
 		wg.Add(1)
@@ -352,26 +326,6 @@ func (c *Cluster) cleanup() {
 	}
 }
 
-func (c *Cluster) register(cc *clientCloser) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return errors.New("client requested after the cluster's cleanup")
-	}
-	c.clients = append(c.clients, cc)
-	return nil
-}
-
-func (c *Cluster) registerProxy(p *Proxy) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.closed {
-		return errors.New("proxy requested after the cluster's cleanup")
-	}
-	c.proxies = append(c.proxies, p)
-	return nil
-}
-
 // Name returns the member's name, "m0", "m1", ...
 func (m *Member) Name() string { return m.name }
 
@@ -388,12 +342,7 @@ func (m *Member) ClientConfig() clientv3.Config { return clientConfig(m.Endpoint
 // error.
 func (m *Member) NewClient(t testing.TB) *clientv3.Client {
 	t.Helper()
-	cc, err := newTrackedClient(m.ClientConfig(), m.c)
-	if err != nil {
-		t.Fatalf("coordtest: %v", err)
-	}
-	t.Cleanup(cc.close)
-	return cc.c
+	return newTestClient(t, m.ClientConfig(), m.c)
 }
 
 // NewProxy starts a Proxy in front of the member's client URL. It is closed
@@ -543,234 +492,4 @@ func (m *Member) syncRead(ctx context.Context) error {
 	}
 	_, err := m.etcd.Server.Range(ctx, &pb.RangeRequest{Key: []byte{0}, Limit: 1})
 	return err
-}
-
-// peerNet is the network between the members of a Cluster: a proxy in front
-// of each member's peer listener, whose URL the member advertises as its
-// peer URL, so that every request from one member to another passes
-// through the proxy of its target. It is an HTTP reverse proxy rather than a
-// TCP one because a connection alone does not tell which member sent it:
-// raft requests name their sender in the X-Server-From header.
-type peerNet struct {
-	tr *http.Transport // to the members' peer listeners
-
-	mu       sync.Mutex // guards the fields below
-	closed   bool
-	isolated map[*Member]bool
-	down     map[*Member]bool   // stopping or stopped
-	ids      map[string]*Member // hex member ID (as in X-Server-From) to member
-	inflight map[*peerRequest]struct{}
-	proxies  []*peerProxy
-	handlers sync.WaitGroup // the requests in inflight; Add under mu
-}
-
-// peerRequest is a request in progress through a peer proxy.
-type peerRequest struct {
-	// fromID is the member ID of the sender, "" if the request does not name
-	// it. It is resolved to a member only when needed: requests made while
-	// the cluster starts precede the members' IDs being known.
-	fromID string
-	to     *Member
-	cancel context.CancelFunc
-}
-
-// peerProxy is the proxy in front of one member's peer listener.
-type peerProxy struct {
-	net    *peerNet
-	to     *Member
-	url    url.URL
-	target atomic.Pointer[url.URL] // the member's peer listener; nil until chosen
-	srv    *http.Server
-	rp     *httputil.ReverseProxy
-	served chan struct{} // closed when srv.Serve has returned
-}
-
-func newPeerNet() *peerNet {
-	return &peerNet{
-		tr: &http.Transport{
-			Proxy:       nil,
-			DialContext: (&net.Dialer{Timeout: peerDialTimeout}).DialContext,
-			// No connection to a member's peer listener outlives its
-			// request; see setDown.
-			DisableKeepAlives:  true,
-			DisableCompression: true,
-		},
-		isolated: make(map[*Member]bool),
-		down:     make(map[*Member]bool),
-		ids:      make(map[string]*Member),
-		inflight: make(map[*peerRequest]struct{}),
-	}
-}
-
-// newProxy starts the peer proxy of member m on a fresh loopback port. It
-// forwards to the member's peer listener once its target is set.
-func (n *peerNet) newProxy(m *Member) (*peerProxy, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, fmt.Errorf("listening: %w", err)
-	}
-	discard := log.New(io.Discard, "", 0)
-	p := &peerProxy{
-		net:    n,
-		to:     m,
-		url:    loopbackURL("http", l.Addr().(*net.TCPAddr).Port),
-		served: make(chan struct{}),
-	}
-	p.rp = &httputil.ReverseProxy{
-		Rewrite: func(r *httputil.ProxyRequest) {
-			target := p.target.Load()
-			if target == nil {
-				panic(http.ErrAbortHandler)
-			}
-			r.SetURL(target)
-		},
-		Transport: n.tr,
-		// Stream responses (raft message streams) without delay.
-		FlushInterval: -1,
-		ErrorLog:      discard,
-		// The member is down or the request was cut: drop the connection,
-		// as the network would, rather than answer for the member.
-		ErrorHandler: func(http.ResponseWriter, *http.Request, error) { panic(http.ErrAbortHandler) },
-	}
-	p.srv = &http.Server{
-		Handler:           p,
-		ErrorLog:          discard,
-		ReadHeaderTimeout: time.Minute,
-	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.closed {
-		l.Close()
-		return nil, errors.New("cluster cleaned up")
-	}
-	n.proxies = append(n.proxies, p)
-	go func() {
-		defer close(p.served)
-		_ = p.srv.Serve(l)
-	}()
-	return p, nil
-}
-
-func (p *peerProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
-	req, ok := p.net.admit(r.Header.Get("X-Server-From"), p.to, cancel)
-	if !ok {
-		// Cut off: drop the connection.
-		panic(http.ErrAbortHandler)
-	}
-	defer p.net.done(req)
-	p.rp.ServeHTTP(w, r.WithContext(ctx))
-}
-
-// admit registers a request from the member with ID fromID to member to,
-// unless one of them is isolated or down, or the network is closed.
-func (n *peerNet) admit(fromID string, to *Member, cancel context.CancelFunc) (*peerRequest, bool) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.closed || n.blockedLocked(to) || n.blockedLocked(n.ids[fromID]) {
-		return nil, false
-	}
-	req := &peerRequest{fromID: fromID, to: to, cancel: cancel}
-	n.inflight[req] = struct{}{}
-	n.handlers.Add(1)
-	return req, true
-}
-
-func (n *peerNet) done(req *peerRequest) {
-	n.mu.Lock()
-	delete(n.inflight, req)
-	n.mu.Unlock()
-	n.handlers.Done()
-}
-
-func (n *peerNet) setID(m *Member, id string) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	n.ids[id] = m
-}
-
-func (n *peerNet) isCut(m *Member) bool {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.isolated[m]
-}
-
-func (n *peerNet) blockedLocked(m *Member) bool {
-	return m != nil && (n.isolated[m] || n.down[m])
-}
-
-// abortLocked aborts the requests in progress between m and its peers.
-func (n *peerNet) abortLocked(m *Member) {
-	for req := range n.inflight {
-		if req.to == m || n.ids[req.fromID] == m {
-			req.cancel()
-		}
-	}
-}
-
-// cut isolates m and aborts the requests in progress between it and its
-// peers.
-func (n *peerNet) cut(m *Member) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	n.isolated[m] = true
-	n.abortLocked(m)
-}
-
-// setDown marks m as stopping (and then stopped) or starting. While it is
-// down the network drops its requests, and marking it down aborts those in
-// progress. A member is disconnected this way before it stops because etcd's
-// peer listener resets a connection's read deadline on every read, which
-// can keep the graceful shutdown of its peer server (in Etcd.Close) waiting
-// its full second for a connection whose request has just ended; a
-// connection closed by the proxy ends at once.
-func (n *peerNet) setDown(m *Member, down bool) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if !down {
-		delete(n.down, m)
-		return
-	}
-	n.down[m] = true
-	n.abortLocked(m)
-}
-
-func (n *peerNet) heal(m *Member) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	delete(n.isolated, m)
-}
-
-// close stops the proxies and waits until all their requests have ended.
-// The members should be stopped first.
-func (n *peerNet) close() error {
-	n.mu.Lock()
-	n.closed = true
-	proxies := n.proxies
-	for req := range n.inflight {
-		req.cancel()
-	}
-	n.mu.Unlock()
-
-	for _, p := range proxies {
-		// Closes the listener and every connection; the handlers still
-		// running end with their cancelled requests.
-		_ = p.srv.Close()
-		<-p.served
-	}
-	finished := make(chan struct{})
-	go func() {
-		n.handlers.Wait()
-		close(finished)
-	}()
-	timer := time.NewTimer(proxyCloseTimeout)
-	defer timer.Stop()
-	select {
-	case <-finished:
-	case <-timer.C:
-		return fmt.Errorf("peer proxy requests still running %v after closing", proxyCloseTimeout)
-	}
-	n.tr.CloseIdleConnections()
-	return nil
 }

@@ -1,30 +1,45 @@
-// Package coordtest provides an embedded single-member etcd server, an
-// embedded multi-member etcd cluster whose members can be stopped, restarted
-// and isolated (see Cluster), and a fault-injecting TCP proxy for tests, in
-// the spirit of net/http/httptest.
+// Package coordtest runs etcd inside Go tests. It is meant to be imported by
+// anyone who tests Go code against etcd, as net/http/httptest is for HTTP
+// code and miniredis for Redis clients: no etcd binary, container or network
+// is needed, only the test process and loopback ports. Package coord uses it
+// for its own tests, but nothing in it is specific to coord.
 //
-// A Server runs in-process on free loopback ports with its data in
-// t.TempDir(). Outside a test (runnable examples, demos, tools), Start starts
-// one with its data in a given directory, and Close stops it. It is tuned
-// for tests: a 10 ms heartbeat and a 100 ms
-// election timeout (so the smallest lease TTL etcd grants is 1 s), no
-// fsync, no auto-compaction, no metrics listener, no gRPC gateway and no
-// logging (see Config).
+// It offers:
 //
-// Lifetime contract: everything a Server or Proxy creates (the etcd server,
-// the clients handed out, the proxies and their connections) is released by
-// t.Cleanup functions, or by Server.Close, and once those have run no
-// goroutine started by them remains, so the package can be used together
-// with goleak.VerifyTestMain. (A deferred goleak.VerifyNone(t) runs before
-// t.Cleanup, so it would see the server still running; register it with
-// t.Cleanup before calling NewServer instead, or use VerifyTestMain.)
+//   - Server: a single-member etcd embedded in the test process
+//     (go.etcd.io/etcd/server/v3/embed), on free loopback ports, with its
+//     data in t.TempDir(). It hands out clients, and can be stopped,
+//     restarted and compacted.
+//   - Cluster: an embedded etcd of several members, each of which can be
+//     stopped, restarted and isolated from the others, for tests of leader
+//     loss and network partitions.
+//   - Proxy: a TCP proxy in front of a Server or a Cluster Member that
+//     blackholes, pauses or delays the connections through it, as a network
+//     fault would, while the server keeps running.
+//   - Start: a Server outside a test (runnable examples, demos, tools), with
+//     its data in a given directory; Close stops it.
 //
-// Failure contract: methods documented to fail the test do so with the
-// testing.TB given to NewServer (or NewProxy) by calling its Fatal method;
-// like testing.T.FailNow, they must then be called from the goroutine running
-// that test. On a Server created by Start they panic instead, with the
-// message the test would have printed. All methods are safe for concurrent
-// use.
+// Servers and members are tuned for tests (see Config): a 10 ms heartbeat
+// (TickMs) and a 100 ms election timeout (ElectionMs), so that etcd grants a
+// lease TTL of 1 s (its smallest TTL is 1.5 election timeouts, rounded up to
+// a second: 2 s with etcd's defaults) and elects a leader within moments;
+// no fsync, no auto-compaction, no metrics listener, no gRPC gateway and no
+// logging.
+//
+// Lifetime contract: everything a Server, Cluster or Proxy creates (the etcd
+// servers, the clients handed out, the proxies and their connections) is
+// released by t.Cleanup functions, or by Server.Close, and once those have
+// run no goroutine started by them remains, so the package can be used
+// together with goleak.VerifyTestMain. (A deferred goleak.VerifyNone(t) runs
+// before t.Cleanup, so it would see the server still running; register it
+// with t.Cleanup before calling NewServer instead, or use VerifyTestMain.)
+//
+// Failure contract: the package reports failures to the testing.TB given to
+// NewServer, NewCluster or NewProxy. Methods documented to fail the test call
+// its Fatal method; like testing.T.FailNow, they must then be called from the
+// goroutine running that test. On a Server created by Start they panic
+// instead, with the message the test would have printed; Start itself, and
+// Dial, return errors. All methods are safe for concurrent use.
 package coordtest
 
 import (
@@ -127,12 +142,7 @@ type Server struct {
 
 	closeOnce sync.Once
 
-	// mu guards the fields below.
-	mu      sync.Mutex
-	closed  bool // Close has started; hand out nothing more
-	shared  *clientv3.Client
-	clients []*clientCloser
-	proxies []*Proxy
+	owner // what Close closes before stopping the server
 }
 
 // NewServer starts a Server with the default Config and waits until it is
@@ -149,7 +159,7 @@ func NewServer(t testing.TB) *Server {
 func NewServerWith(t testing.TB, cfg Config) *Server {
 	t.Helper()
 	base := t.TempDir() // before our Cleanup, so the dir outlives the server
-	s := &Server{f: t, cfg: cfg.withDefaults()}
+	s := newServer(t, cfg)
 	t.Cleanup(s.Close)
 	if err := s.start(base); err != nil {
 		t.Fatalf("coordtest: %v", err)
@@ -167,17 +177,22 @@ func NewServerWith(t testing.TB, cfg Config) *Server {
 // methods documented to fail the test panic instead, with the same message:
 // outside a test, their failures are programming errors or a broken host.
 // Methods that take a testing.TB (NewClient, NewProxy) still report to it;
-// without one, use Client or NewClientE.
+// without one, use Client or Dial.
 func Start(dir string, cfg Config) (*Server, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("coordtest: creating data directory: %w", err)
 	}
-	s := &Server{f: panicker{}, cfg: cfg.withDefaults()}
+	s := newServer(panicker{}, cfg)
 	if err := s.start(dir); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("coordtest: %w", err)
 	}
 	return s, nil
+}
+
+// newServer returns a stopped Server reporting its failures to f.
+func newServer(f failer, cfg Config) *Server {
+	return &Server{f: f, cfg: cfg.withDefaults(), owner: owner{gone: "the server was closed"}}
 }
 
 // start picks free loopback ports and a fresh data directory in base and
@@ -234,20 +249,14 @@ func (s *Server) ClientConfig() clientv3.Config {
 // started.
 func (s *Server) Client() *clientv3.Client {
 	s.f.Helper()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
+	c, err := s.sharedClient(s.ClientConfig())
+	if errors.Is(err, errClosed) {
 		s.f.Fatalf("coordtest: Server.Client called after the server was closed")
 	}
-	if s.shared == nil {
-		c, err := clientv3.New(s.ClientConfig())
-		if err != nil {
-			s.f.Fatalf("coordtest: creating client of %s: %v", s.Endpoint(), err)
-		}
-		s.shared = c
-		s.clients = append(s.clients, &clientCloser{c: c})
+	if err != nil {
+		s.f.Fatalf("coordtest: creating client of %s: %v", s.Endpoint(), err)
 	}
-	return s.shared
+	return c
 }
 
 // NewClient returns a new client of this server with its own connection. It
@@ -256,20 +265,14 @@ func (s *Server) Client() *clientv3.Client {
 // error.
 func (s *Server) NewClient(t testing.TB) *clientv3.Client {
 	t.Helper()
-	c, err := newTrackedClient(s.ClientConfig(), s)
-	if err != nil {
-		t.Fatalf("coordtest: %v", err)
-	}
-	t.Cleanup(c.close)
-	return c.c
+	return newTestClient(t, s.ClientConfig(), s)
 }
 
-// NewClientE is NewClient for callers without a testing.TB (examples,
-// demos): it returns a new client of this server with its own connection,
-// closed by the Server's Close; closing it earlier as well is harmless. It
-// returns an error where NewClient would fail the test, including after
-// Close has started.
-func (s *Server) NewClientE() (*clientv3.Client, error) {
+// Dial returns a new client of this server with its own connection, for
+// callers without a testing.TB (examples, demos, tools). The Server's Close
+// closes it; closing it earlier as well is harmless. It returns an error
+// where NewClient would fail the test, including once Close has started.
+func (s *Server) Dial() (*clientv3.Client, error) {
 	c, err := newTrackedClient(s.ClientConfig(), s)
 	if err != nil {
 		return nil, fmt.Errorf("coordtest: %w", err)
@@ -507,15 +510,7 @@ func (s *Server) Close() {
 }
 
 func (s *Server) close() {
-	s.mu.Lock()
-	s.closed = true
-	clients, proxies := s.clients, s.proxies
-	s.clients, s.proxies = nil, nil
-	s.mu.Unlock()
-
-	for _, c := range clients {
-		c.close()
-	}
+	proxies := s.closeClients()
 	s.lifeMu.Lock()
 	s.done = true
 	s.stopLocked()
@@ -525,57 +520,6 @@ func (s *Server) close() {
 	for _, p := range proxies {
 		p.close()
 	}
-}
-
-// register records a client to close at Close. It fails if Close has
-// started.
-func (s *Server) register(c *clientCloser) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return errors.New("client requested after the server was closed")
-	}
-	s.clients = append(s.clients, c)
-	return nil
-}
-
-func (s *Server) registerProxy(p *Proxy) error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return errors.New("proxy requested after the server was closed")
-	}
-	s.proxies = append(s.proxies, p)
-	return nil
-}
-
-// clientCloser closes a client once, however many owners ask.
-type clientCloser struct {
-	once sync.Once
-	c    *clientv3.Client
-}
-
-func (c *clientCloser) close() {
-	// Client.Close reports the cancellation of its own context even on
-	// success; there is nothing useful to do with its error here.
-	c.once.Do(func() { _ = c.c.Close() })
-}
-
-// newTrackedClient creates a client from cfg and registers it with each
-// owner, to be closed when the first of them cleans up.
-func newTrackedClient(cfg clientv3.Config, owners ...interface{ register(*clientCloser) error }) (*clientCloser, error) {
-	cli, err := clientv3.New(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("creating client of %v: %w", cfg.Endpoints, err)
-	}
-	c := &clientCloser{c: cli}
-	for _, o := range owners {
-		if err := o.register(c); err != nil {
-			c.close()
-			return nil, err
-		}
-	}
-	return c, nil
 }
 
 func clientConfig(endpoints ...string) clientv3.Config {

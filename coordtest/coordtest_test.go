@@ -51,6 +51,41 @@ func getValue(ctx context.Context, c *clientv3.Client, key string) (string, erro
 	return string(resp.Kvs[0].Value), nil
 }
 
+// waitValue reads key through c until that succeeds or ctx ends, and fails
+// the test unless it reads want. when says when, for the failure message:
+// "after Restart".
+func waitValue(t *testing.T, ctx context.Context, c *clientv3.Client, key, want, when string) {
+	t.Helper()
+	var got string
+	err := eventually(ctx, func(ctx context.Context) (err error) {
+		got, err = getValue(ctx, c, key)
+		return err
+	})
+	if err != nil || got != want {
+		t.Fatalf("Get %s = %q, %v; want %q", when, got, err, want)
+	}
+}
+
+// expectNoAnswer checks that a Get through c, a client of a blackholed
+// proxy, gets no answer within d.
+func expectNoAnswer(t *testing.T, ctx context.Context, c *clientv3.Client, d time.Duration) {
+	t.Helper()
+	gctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	if _, err := c.Get(gctx, "k"); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Get through a blackholed proxy: err = %v, want context.DeadlineExceeded", err)
+	}
+}
+
+// newProxied starts a Server and a Proxy in front of it, and returns them
+// with a client through the proxy.
+func newProxied(t *testing.T) (*Server, *Proxy, *clientv3.Client) {
+	t.Helper()
+	s := NewServer(t)
+	p := s.NewProxy(t)
+	return s, p, p.NewClient(t)
+}
+
 func TestPutGet(t *testing.T) {
 	ctx := testCtx(t)
 	s := NewServer(t)
@@ -174,14 +209,7 @@ func TestStopRestart(t *testing.T) {
 	s.Restart()
 	t.Logf("Restart took %v", time.Since(start))
 
-	var got string
-	err = eventually(ctx, func(ctx context.Context) (err error) {
-		got, err = getValue(ctx, c, "k")
-		return err
-	})
-	if err != nil || got != "v" {
-		t.Fatalf("Get after Restart = %q, %v; want v", got, err)
-	}
+	waitValue(t, ctx, c, "k", "v", "after Restart")
 	t.Logf("existing client usable %v after Restart began", time.Since(start))
 	if rev := s.Revision(ctx); rev != put.Header.Revision {
 		t.Errorf("Revision after Restart = %d, want %d", rev, put.Header.Revision)
@@ -238,34 +266,20 @@ func TestProxyBlackhole(t *testing.T) {
 	}
 
 	p.Blackhole()
-	bctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	_, err := pc.Get(bctx, "k")
-	cancel()
-	if !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Get through blackholed proxy: err = %v, want context.DeadlineExceeded", err)
-	}
+	expectNoAnswer(t, ctx, pc, 300*time.Millisecond)
 	if got, err := getValue(ctx, direct, "k"); err != nil || got != "v" {
 		t.Fatalf("direct Get during blackhole = %q, %v; want v", got, err)
 	}
 
 	p.Unblackhole()
 	start := time.Now()
-	var got string
-	err = eventually(ctx, func(ctx context.Context) (err error) {
-		got, err = getValue(ctx, pc, "k")
-		return err
-	})
-	if err != nil || got != "v" {
-		t.Fatalf("Get through proxy after Unblackhole = %q, %v; want v", got, err)
-	}
+	waitValue(t, ctx, pc, "k", "v", "through proxy after Unblackhole")
 	t.Logf("proxy client usable %v after Unblackhole", time.Since(start))
 }
 
 func TestProxyPause(t *testing.T) {
 	ctx := testCtx(t)
-	s := NewServer(t)
-	p := s.NewProxy(t)
-	pc := p.NewClient(t)
+	s, p, pc := newProxied(t)
 	if _, err := pc.Put(ctx, "k", "v"); err != nil {
 		t.Fatalf("Put through proxy: %v", err)
 	}
@@ -303,21 +317,12 @@ func TestProxyPause(t *testing.T) {
 
 func TestProxySurvivesRestart(t *testing.T) {
 	ctx := testCtx(t)
-	s := NewServer(t)
-	p := s.NewProxy(t)
-	pc := p.NewClient(t)
+	s, _, pc := newProxied(t)
 	if _, err := pc.Put(ctx, "k", "v"); err != nil {
 		t.Fatalf("Put through proxy: %v", err)
 	}
 	s.Restart()
-	var got string
-	err := eventually(ctx, func(ctx context.Context) (err error) {
-		got, err = getValue(ctx, pc, "k")
-		return err
-	})
-	if err != nil || got != "v" {
-		t.Fatalf("Get through proxy after Restart = %q, %v; want v", got, err)
-	}
+	waitValue(t, ctx, pc, "k", "v", "through proxy after Restart")
 }
 
 // TestCleanupScopes checks that clients and proxies tied to a subtest are

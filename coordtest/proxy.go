@@ -48,7 +48,7 @@ const (
 // the proxy's port refuse new ones: close it as well (e.g. by registering
 // its Close with t.Cleanup after calling NewProxy).
 type Proxy struct {
-	owner    proxyOwner // the Server or Cluster whose cleanup closes it
+	parent   proxyOwner // the Server or Cluster whose cleanup closes it
 	f        failer     // the testing.TB given to NewProxy
 	endpoint string
 	target   string // host:port of the server's client listener
@@ -62,10 +62,10 @@ type Proxy struct {
 	accepted atomic.Int64
 
 	closeOnce sync.Once
+	clients   owner // the clients made by NewClient
 
-	mu      sync.Mutex // guards the fields below and those of the conns
-	closed  bool
-	clients []*clientCloser
+	mu     sync.Mutex // guards the fields below and those of the conns
+	closed bool       // close has started; accept no more connections
 	// blackholed is set between Blackhole and Unblackhole.
 	blackholed bool
 	// resume is non-nil between Pause and Unpause, which closes it.
@@ -91,13 +91,6 @@ type proxyConn struct {
 	done   chan struct{} // closed when closed is set
 }
 
-// proxyOwner is what a Proxy and its clients are registered with, to be
-// closed by its cleanup: a Server or a Cluster.
-type proxyOwner interface {
-	register(*clientCloser) error
-	registerProxy(*Proxy) error
-}
-
 // NewProxy starts a Proxy in front of the server. It is closed by a
 // t.Cleanup, or by the Server's Close if that runs first. It fails the
 // test (through t) if the proxy cannot be started.
@@ -107,8 +100,8 @@ func (s *Server) NewProxy(t testing.TB) *Proxy {
 }
 
 // newProxy starts a Proxy forwarding to the client URL target and registers
-// it with owner. See Server.NewProxy.
-func newProxy(t testing.TB, target url.URL, owner proxyOwner) *Proxy {
+// it with parent. See Server.NewProxy.
+func newProxy(t testing.TB, target url.URL, parent proxyOwner) *Proxy {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -117,19 +110,20 @@ func newProxy(t testing.TB, target url.URL, owner proxyOwner) *Proxy {
 	endpoint := loopbackURL("http", ln.Addr().(*net.TCPAddr).Port)
 	dialCtx, stopDials := context.WithCancel(context.Background())
 	p := &Proxy{
-		owner:     owner,
+		parent:    parent,
 		f:         t,
 		endpoint:  endpoint.String(),
 		target:    target.Host,
 		ln:        ln,
 		dialCtx:   dialCtx,
 		stopDials: stopDials,
+		clients:   owner{gone: "the proxy's cleanup"},
 		conns:     make(map[*proxyConn]struct{}),
 		delayed:   make(chan struct{}),
 	}
 	p.running.Add(1)
 	go p.acceptLoop()
-	if err := owner.registerProxy(p); err != nil {
+	if err := parent.registerProxy(p); err != nil {
 		p.close()
 		t.Fatalf("coordtest: starting proxy in front of %s: %v", target.String(), err)
 	}
@@ -150,12 +144,7 @@ func (p *Proxy) ClientConfig() clientv3.Config { return clientConfig(p.endpoint)
 // harmless. It fails the test (through t) on error.
 func (p *Proxy) NewClient(t testing.TB) *clientv3.Client {
 	t.Helper()
-	c, err := newTrackedClient(p.ClientConfig(), p, p.owner)
-	if err != nil {
-		t.Fatalf("coordtest: %v", err)
-	}
-	t.Cleanup(c.close)
-	return c.c
+	return newTestClient(t, p.ClientConfig(), &p.clients, p.parent)
 }
 
 // Blackhole cuts the proxy off, as a network partition does, until
@@ -230,16 +219,6 @@ func (p *Proxy) Delay(d time.Duration) {
 	p.delay = max(d, 0)
 	close(p.delayed)
 	p.delayed = make(chan struct{})
-}
-
-func (p *Proxy) register(c *clientCloser) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
-		return errors.New("client requested after the proxy's cleanup")
-	}
-	p.clients = append(p.clients, c)
-	return nil
 }
 
 // acceptLoop accepts connections until the listener is closed and serves
@@ -474,12 +453,8 @@ func (p *Proxy) close() {
 	p.closeOnce.Do(func() {
 		p.mu.Lock()
 		p.closed = true
-		clients := p.clients
-		p.clients = nil
 		p.mu.Unlock()
-		for _, c := range clients {
-			c.close()
-		}
+		p.clients.closeClients()
 
 		p.stopDials()
 		_ = p.ln.Close()
@@ -489,17 +464,26 @@ func (p *Proxy) close() {
 		}
 		p.mu.Unlock()
 
-		finished := make(chan struct{})
-		go func() {
-			p.running.Wait()
-			close(finished)
-		}()
-		timer := time.NewTimer(proxyCloseTimeout)
-		defer timer.Stop()
-		select {
-		case <-finished:
-		case <-timer.C:
+		if !waitTimeout(&p.running, proxyCloseTimeout) {
 			p.f.Errorf("coordtest: proxy %s: goroutines still running %v after being closed", p.endpoint, proxyCloseTimeout)
 		}
 	})
+}
+
+// waitTimeout waits for wg, for at most d, and reports whether wg is done.
+// On timeout, a goroutine waits on until wg is done.
+func waitTimeout(wg *sync.WaitGroup, d time.Duration) bool {
+	finished := make(chan struct{})
+	go func() {
+		wg.Wait()
+		close(finished)
+	}()
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-finished:
+		return true
+	case <-timer.C:
+		return false
+	}
 }

@@ -466,6 +466,17 @@ func openWatch(t *testing.T, ctx context.Context, c *clientv3.Client, key string
 	return wch
 }
 
+// putAndWatch writes key=first through c and opens a watch of key through
+// c from the revision after that write.
+func putAndWatch(t *testing.T, ctx context.Context, c *clientv3.Client, key string) clientv3.WatchChan {
+	t.Helper()
+	put, err := c.Put(ctx, key, "first")
+	if err != nil {
+		t.Fatalf("Put: %v", err)
+	}
+	return openWatch(t, ctx, c, key, put.Header.Revision)
+}
+
 // healBound bounds how long a client may take to resume after a blackhole
 // heals: it reconnects at once (its reconnection backoff is reset by the
 // connection that was working).
@@ -473,15 +484,9 @@ var healBound = bound(5 * time.Second)
 
 func TestProxyUnblackholeResumesWatch(t *testing.T) {
 	ctx := testCtx(t)
-	s := NewServer(t)
-	p := s.NewProxy(t)
-	pc := p.NewClient(t)
+	s, p, pc := newProxied(t)
 	direct := s.Client()
-	put, err := pc.Put(ctx, "w", "first")
-	if err != nil {
-		t.Fatalf("Put: %v", err)
-	}
-	wch := openWatch(t, ctx, pc, "w", put.Header.Revision)
+	wch := putAndWatch(t, ctx, pc, "w")
 	if _, err := direct.Put(ctx, "w", "live"); err != nil {
 		t.Fatalf("Put: %v", err)
 	}
@@ -513,9 +518,7 @@ func TestProxyUnblackholeResumesWatch(t *testing.T) {
 
 func TestProxyUnblackholeGet(t *testing.T) {
 	ctx := testCtx(t)
-	s := NewServer(t)
-	p := s.NewProxy(t)
-	pc := p.NewClient(t)
+	s, p, pc := newProxied(t)
 	direct := s.Client()
 	if _, err := pc.Put(ctx, "k", "v0"); err != nil {
 		t.Fatalf("Put: %v", err)
@@ -525,12 +528,7 @@ func TestProxyUnblackholeGet(t *testing.T) {
 		// Requests sent meanwhile are lost: the HTTP/2 states of the two
 		// ends no longer agree, so the connection cannot be used again.
 		for range 2 {
-			bctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-			_, err := pc.Get(bctx, "k")
-			cancel()
-			if !errors.Is(err, context.DeadlineExceeded) {
-				t.Fatalf("Get through a blackholed proxy: err = %v, want context.DeadlineExceeded", err)
-			}
+			expectNoAnswer(t, ctx, pc, 200*time.Millisecond)
 		}
 		val := "v" + string(rune('0'+i))
 		if _, err := direct.Put(ctx, "k", val); err != nil {
@@ -557,15 +555,9 @@ func TestProxyUnblackholeGet(t *testing.T) {
 
 func TestProxyPauseKeepsWatch(t *testing.T) {
 	ctx := testCtx(t)
-	s := NewServer(t)
-	p := s.NewProxy(t)
-	pc := p.NewClient(t)
+	s, p, pc := newProxied(t)
 	direct := s.Client()
-	put, err := pc.Put(ctx, "w", "first")
-	if err != nil {
-		t.Fatalf("Put: %v", err)
-	}
-	wch := openWatch(t, ctx, pc, "w", put.Header.Revision)
+	wch := putAndWatch(t, ctx, pc, "w")
 	accepted := p.accepted.Load()
 
 	p.Pause()
@@ -590,9 +582,7 @@ func TestProxyPauseKeepsWatch(t *testing.T) {
 
 func TestProxyDelayGet(t *testing.T) {
 	ctx := testCtx(t)
-	s := NewServer(t)
-	p := s.NewProxy(t)
-	pc := p.NewClient(t)
+	_, p, pc := newProxied(t)
 	if _, err := pc.Put(ctx, "k", "v"); err != nil {
 		t.Fatalf("Put: %v", err)
 	}
@@ -628,9 +618,7 @@ func TestProxyDelayGet(t *testing.T) {
 // compacted revision.
 func TestProxyBlackholeStoppedServer(t *testing.T) {
 	ctx := testCtx(t)
-	s := NewServer(t)
-	p := s.NewProxy(t)
-	pc := p.NewClient(t)
+	s, p, pc := newProxied(t)
 	if _, err := pc.Put(ctx, "k", "v"); err != nil {
 		t.Fatalf("Put: %v", err)
 	}

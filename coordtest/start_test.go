@@ -1,7 +1,6 @@
 package coordtest
 
 import (
-	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -42,12 +41,12 @@ func TestStart(t *testing.T) {
 		if _, err := s.Client().Put(ctx, "k", "v"); err != nil {
 			t.Fatalf("Put: %v", err)
 		}
-		own, err := s.NewClientE()
+		own, err := s.Dial()
 		if err != nil {
-			t.Fatalf("NewClientE: %v", err)
+			t.Fatalf("Dial: %v", err)
 		}
 		if own == s.Client() {
-			t.Error("NewClientE returned the shared client")
+			t.Error("Dial returned the shared client")
 		}
 		if got, err := getValue(ctx, own, "k"); err != nil || got != "v" {
 			t.Fatalf("Get = %q, %v; want v", got, err)
@@ -63,10 +62,10 @@ func TestStart(t *testing.T) {
 
 		s.Close()
 		if own.Ctx().Err() == nil {
-			t.Error("NewClientE client still open after Close")
+			t.Error("Dial client still open after Close")
 		}
-		if _, err := s.NewClientE(); err == nil {
-			t.Error("NewClientE succeeded after Close")
+		if _, err := s.Dial(); err == nil {
+			t.Error("Dial succeeded after Close")
 		}
 		goleak.VerifyNone(t, ignore)
 		if data, _ := filepath.Glob(filepath.Join(dir, "etcd-*", "member")); len(data) != 1 {
@@ -80,8 +79,8 @@ func TestStart(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Start: %v", err)
 		}
-		if _, err := s.NewClientE(); err != nil {
-			t.Fatalf("NewClientE: %v", err)
+		if _, err := s.Dial(); err != nil {
+			t.Fatalf("Dial: %v", err)
 		}
 		_ = s.Client()
 		var wg sync.WaitGroup
@@ -104,22 +103,15 @@ func TestStart(t *testing.T) {
 			t.Fatalf("Start: %v", err)
 		}
 		defer s.Close()
-		c, err := s.NewClientE()
+		c, err := s.Dial()
 		if err != nil {
-			t.Fatalf("NewClientE: %v", err)
+			t.Fatalf("Dial: %v", err)
 		}
 		if _, err := c.Put(ctx, "k", "v"); err != nil {
 			t.Fatalf("Put: %v", err)
 		}
 		s.Restart()
-		var got string
-		err = eventually(ctx, func(ctx context.Context) (err error) {
-			got, err = getValue(ctx, c, "k")
-			return err
-		})
-		if err != nil || got != "v" {
-			t.Fatalf("Get after Restart = %q, %v; want v", got, err)
-		}
+		waitValue(t, ctx, c, "k", "v", "after Restart")
 	})
 
 	t.Run("does not need the directory to be empty", func(t *testing.T) {
@@ -184,7 +176,7 @@ func TestServerCloseEarly(t *testing.T) {
 	if c.Ctx().Err() == nil {
 		t.Error("NewClient client still open after Close")
 	}
-	if _, err := s.NewClientE(); err == nil {
-		t.Error("NewClientE succeeded after Close")
+	if _, err := s.Dial(); err == nil {
+		t.Error("Dial succeeded after Close")
 	}
 }

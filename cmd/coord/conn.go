@@ -239,6 +239,19 @@ func (c *connFlags) connect(ctx context.Context) (*clientv3.Client, error) {
 	return cli, nil
 }
 
+// oneShot connects, calls do with the client and a context bounded by
+// --command-timeout, and closes the client.
+func (c *connFlags) oneShot(ctx context.Context, do func(rctx context.Context, cli *clientv3.Client) error) error {
+	cli, err := c.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	rctx, cancel := context.WithTimeout(ctx, c.commandTimeout)
+	defer cancel()
+	return do(rctx, cli)
+}
+
 // reachable checks that a member of the cluster answers before deadline.
 // It asks for the member list, which needs no permission, reads
 // linearizably (a member cut off from its quorum does not count) and goes

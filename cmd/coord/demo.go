@@ -138,9 +138,39 @@ func runDemo(ctx context.Context, stdout io.Writer) (err error) {
 	return nil
 }
 
-// script is the demo proper; shutdown cleans up after it, whatever
-// happened.
+// script is the demo proper, act by act; shutdown cleans up after it,
+// whatever happened.
 func (d *demo) script(ctx context.Context) error {
+	d.cast()
+	if err := d.startWatcher(ctx); err != nil {
+		return err
+	}
+	for _, a := range d.agents[:4] {
+		if err := d.register(ctx, a); err != nil {
+			return err
+		}
+	}
+	n1, n2, n3, n4 := d.agents[0], d.agents[1], d.agents[2], d.agents[3]
+	acts := []func(context.Context) error{
+		func(ctx context.Context) error { return d.electionAct(ctx, n1, n2, n3) },
+		func(ctx context.Context) error { return d.hostCrashAct(ctx, n4) },
+		func(ctx context.Context) error { return d.leaderCrashAct(ctx, n1, n2) },
+		func(ctx context.Context) error { return d.stopAct(ctx, n3) },
+		func(ctx context.Context) error { return d.leaveAct(ctx, n2) },
+		d.shardAct,
+	}
+	for _, act := range acts {
+		if err := act(ctx); err != nil {
+			return err
+		}
+	}
+	d.summary()
+	return nil
+}
+
+// cast creates the agents, the first four for the election and the other
+// four for the ShardSet, and names the shards.
+func (d *demo) cast() {
 	zones := []string{"eu-west-1a", "eu-west-1b"}
 	for i := range 8 {
 		a := &demoAgent{
@@ -153,117 +183,134 @@ func (d *demo) script(ctx context.Context) error {
 		d.agents = append(d.agents, a)
 		d.byUUID[a.meta.HostUUID] = a
 	}
-	n1, n2, n3, n4 := d.agents[0], d.agents[1], d.agents[2], d.agents[3]
-
 	for i := range demoShards {
 		d.shards = append(d.shards, fmt.Sprintf("shard-%02d", i))
 	}
+}
 
-	if err := d.startWatcher(ctx); err != nil {
-		return err
-	}
-	for _, a := range d.agents[:4] {
-		if err := d.register(ctx, a); err != nil {
-			return err
-		}
-	}
-
-	d.log.printf("demo", "%s, %s and %s campaign in election %s (session TTL %v)", n1.name, n2.name, n3.name, demoElection, demoTTL)
+// electionAct has leader lead the election, then next and last queue
+// behind it in that order.
+func (d *demo) electionAct(ctx context.Context, leader, next, last *demoAgent) error {
+	d.log.printf("demo", "%s, %s and %s campaign in election %s (session TTL %v)", leader.name, next.name, last.name, demoElection, demoTTL)
 	d.leads = make(chan demoOutcome, len(d.agents))
-	for _, a := range []*demoAgent{n1, n2, n3} {
+	for _, a := range []*demoAgent{leader, next, last} {
 		e, err := coord.NewElection(ctx, a.cli, coord.ElectionOptions{Key: demoElection, TTL: demoTTL, Identity: a.name})
 		if err != nil {
 			return fmt.Errorf("%s: %w", a.name, err)
 		}
 		a.elect = e
 	}
-	if err := n1.elect.Campaign(ctx, ""); err != nil {
-		return fmt.Errorf("%s: %w", n1.name, err)
+	if err := leader.elect.Campaign(ctx, ""); err != nil {
+		return fmt.Errorf("%s: %w", leader.name, err)
 	}
-	d.log.printf(n1.name, "leads %s (fencing token %d)", demoElection, n1.elect.Token())
+	d.log.printf(leader.name, "leads %s (fencing token %d)", demoElection, leader.elect.Token())
 	// One at a time, so that the queue, and the successor, are known.
-	d.campaign(ctx, n2)
+	d.campaign(ctx, next)
 	if err := d.waitCandidates(ctx, 2); err != nil {
 		return err
 	}
-	d.log.printf(n2.name, "campaigns; waits in line behind %s", n1.name)
-	d.campaign(ctx, n3)
+	d.log.printf(next.name, "campaigns; waits in line behind %s", leader.name)
+	d.campaign(ctx, last)
 	if err := d.waitCandidates(ctx, 3); err != nil {
 		return err
 	}
-	d.log.printf(n3.name, "campaigns; waits in line behind %s and %s", n1.name, n2.name)
+	d.log.printf(last.name, "campaigns; waits in line behind %s and %s", leader.name, next.name)
+	return nil
+}
 
-	d.log.printf("demo", "--- %s crashes: its process dies, its lease is left to expire (TTL %v)", n4.name, n4.live.TTL())
-	d.crash(n4)
-	if err := d.await(ctx, n4.down, n4.name+" seen down"); err != nil {
+// hostCrashAct crashes a, which takes no part in the election, and
+// reports when the watcher saw it down.
+func (d *demo) hostCrashAct(ctx context.Context, a *demoAgent) error {
+	d.log.printf("demo", "--- %s crashes: its process dies, its lease is left to expire (TTL %v)", a.name, a.live.TTL())
+	d.crash(a)
+	if err := d.await(ctx, a.down, a.name+" seen down"); err != nil {
 		return err
 	}
-	d.result(n4.name+" crash -> Down seen by the watcher", d.since(n4))
+	d.result(a.name+" crash -> Down seen by the watcher", d.since(a))
+	return nil
+}
 
-	leaderToken := n1.elect.Token()
-	d.log.printf("demo", "--- %s, the leader, crashes: its host lease and election session are left to expire", n1.name)
-	d.crash(n1)
+// leaderCrashAct crashes the leader and waits both for the watcher to see
+// it down and for next, first in line, to lead.
+func (d *demo) leaderCrashAct(ctx context.Context, leader, next *demoAgent) error {
+	leaderToken := leader.elect.Token()
+	d.log.printf("demo", "--- %s, the leader, crashes: its host lease and election session are left to expire", leader.name)
+	d.crash(leader)
 	downSeen, led := false, false
 	timeout := time.After(demoWait)
 	for !downSeen || !led {
 		select {
-		case <-n1.down:
+		case <-leader.down:
 			downSeen = true
-			d.result(n1.name+" (leader) crash -> Down seen by the watcher", d.since(n1))
+			d.result(leader.name+" (leader) crash -> Down seen by the watcher", d.since(leader))
 		case r := <-d.leads:
-			if r.err != nil {
-				return fmt.Errorf("%s: %w", r.agent.name, r.err)
-			}
-			if r.agent != n2 {
-				return fmt.Errorf("%s leads, %s was next in line", r.agent.name, n2.name)
-			}
-			ms := d.sinceAt(n1, r.at)
-			if ms < 0 {
-				// n1 stepped down by itself before the crash: its
-				// renewals were late (a machine too slow for the TTL).
-				return fmt.Errorf("%s led before %s crashed: %s lost its leadership early", n2.name, n1.name, n1.name)
+			if err := d.failedOver(r, leader, next, leaderToken); err != nil {
+				return err
 			}
 			led = true
-			d.log.printf(n2.name, "leads %s (fencing token %d > %d): %d ms after %s crashed", demoElection, n2.elect.Token(), leaderToken, ms, n1.name)
-			d.result(n1.name+" (leader) crash -> "+n2.name+" leads", ms)
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-timeout:
-			return fmt.Errorf("no failover from %s within %v", n1.name, demoWait)
+			return fmt.Errorf("no failover from %s within %v", leader.name, demoWait)
 		}
 	}
+	return nil
+}
 
-	d.log.printf("demo", "--- %s stops cleanly: Stop revokes its lease, Close withdraws its candidacy", n3.name)
-	d.mark(n3, "Stop")
-	if err := n3.live.Stop(ctx); err != nil {
-		return fmt.Errorf("%s: %w", n3.name, err)
+// failedOver checks and reports the outcome r of a campaign once the
+// leader, whose fencing token was token, has crashed: next should lead.
+func (d *demo) failedOver(r demoOutcome, leader, next *demoAgent, token int64) error {
+	if r.err != nil {
+		return fmt.Errorf("%s: %w", r.agent.name, r.err)
 	}
-	if err := d.await(ctx, n3.down, n3.name+" seen down"); err != nil {
+	if r.agent != next {
+		return fmt.Errorf("%s leads, %s was next in line", r.agent.name, next.name)
+	}
+	ms := d.sinceAt(leader, r.at)
+	if ms < 0 {
+		// The leader stepped down by itself before the crash: its
+		// renewals were late (a machine too slow for the TTL).
+		return fmt.Errorf("%s led before %s crashed: %s lost its leadership early", next.name, leader.name, leader.name)
+	}
+	d.log.printf(next.name, "leads %s (fencing token %d > %d): %d ms after %s crashed", demoElection, next.elect.Token(), token, ms, leader.name)
+	d.result(leader.name+" (leader) crash -> "+next.name+" leads", ms)
+	return nil
+}
+
+// stopAct stops a cleanly, for comparison with the crashes.
+func (d *demo) stopAct(ctx context.Context, a *demoAgent) error {
+	d.log.printf("demo", "--- %s stops cleanly: Stop revokes its lease, Close withdraws its candidacy", a.name)
+	d.mark(a, "Stop")
+	if err := a.live.Stop(ctx); err != nil {
+		return fmt.Errorf("%s: %w", a.name, err)
+	}
+	if err := d.await(ctx, a.down, a.name+" seen down"); err != nil {
 		return err
 	}
-	d.result(n3.name+" Stop -> Down seen by the watcher", d.since(n3))
-	if err := n3.elect.Close(); err != nil {
-		return fmt.Errorf("%s: %w", n3.name, err)
+	d.result(a.name+" Stop -> Down seen by the watcher", d.since(a))
+	if err := a.elect.Close(); err != nil {
+		return fmt.Errorf("%s: %w", a.name, err)
 	}
+	return nil
+}
 
-	// A ShardSet ranks every live host under its host prefix, whether it
-	// takes part or not: n2 leaves the fleet to the ShardSet's hosts.
-	d.log.printf("demo", "--- %s, the last of the election's agents, resigns and stops", n2.name)
-	if err := n2.elect.Close(); err != nil {
-		return fmt.Errorf("%s: %w", n2.name, err)
+// leaveAct has a, the last of the election's agents, resign and stop. A
+// ShardSet ranks every live host under its host prefix, whether it takes
+// part or not: a leaves the fleet to the ShardSet's hosts.
+func (d *demo) leaveAct(ctx context.Context, a *demoAgent) error {
+	d.log.printf("demo", "--- %s, the last of the election's agents, resigns and stops", a.name)
+	if err := a.elect.Close(); err != nil {
+		return fmt.Errorf("%s: %w", a.name, err)
 	}
-	d.mark(n2, "Stop")
-	if err := n2.live.Stop(ctx); err != nil {
-		return fmt.Errorf("%s: %w", n2.name, err)
+	d.mark(a, "Stop")
+	if err := a.live.Stop(ctx); err != nil {
+		return fmt.Errorf("%s: %w", a.name, err)
 	}
-	if err := d.await(ctx, n2.down, n2.name+" seen down"); err != nil {
-		return err
-	}
+	return d.await(ctx, a.down, a.name+" seen down")
+}
 
-	if err := d.shardAct(ctx); err != nil {
-		return err
-	}
-
+// summary prints the measured delays.
+func (d *demo) summary() {
 	d.mu.Lock()
 	lines := d.results
 	d.mu.Unlock()
@@ -275,7 +322,6 @@ func (d *demo) script(ctx context.Context) error {
 	for _, l := range lines {
 		d.log.raw(fmt.Sprintf("%23s%-*s %5d ms", "", width, l.what, l.ms))
 	}
-	return nil
 }
 
 // shardAct is the ShardSet's part of the demo: three agents share the
@@ -285,43 +331,66 @@ func (d *demo) script(ctx context.Context) error {
 // others.
 func (d *demo) shardAct(ctx context.Context) error {
 	fleet := d.agents[4:]
-	first, joiner := fleet[:3], fleet[3]
+	before, err := d.shardStart(ctx, fleet[:3])
+	if err != nil {
+		return err
+	}
+	after, err := d.shardJoin(ctx, fleet, before)
+	if err != nil {
+		return err
+	}
+	if err := d.shardCrash(ctx, fleet, after); err != nil {
+		return err
+	}
+	d.log.printf("shards", "no shard ever ran on two hosts at once: each Run started after the previous owner's had returned")
+	return nil
+}
+
+// shardStart registers the first agents and starts their ShardSets, and
+// returns the owners once settled.
+func (d *demo) shardStart(ctx context.Context, first []*demoAgent) (map[string]*demoAgent, error) {
 	d.log.printf("demo", "--- ShardSet: %s, %s and %s share %d shards, each an election under %s; each shard is",
 		first[0].name, first[1].name, first[2].name, len(d.shards), coord.ShardsPrefix)
 	d.log.printf("demo", "    owned by the live host that ranks first for it (rendezvous hashing), the next-ranked in line as its standby")
 	for _, a := range first {
 		if err := d.register(ctx, a); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	for _, a := range first {
 		if err := d.startShards(ctx, a); err != nil {
-			return err
+			return nil, err
 		}
 	}
 	before, err := d.settle(ctx, first)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	d.log.printf("shards", "settled: every shard owned by its top-ranked host, the next-ranked in line")
 	d.printOwners(first, before)
+	return before, nil
+}
 
+// shardJoin has the last agent of fleet join the others, whose shards'
+// owners were before, and returns the owners once settled.
+func (d *demo) shardJoin(ctx context.Context, fleet []*demoAgent, before map[string]*demoAgent) (map[string]*demoAgent, error) {
+	joiner := fleet[len(fleet)-1]
 	d.log.printf("demo", "--- %s joins: the shards it ranks first for move to it (about %d/%d), no other shard moves",
 		joiner.name, len(d.shards), len(fleet))
 	if err := d.register(ctx, joiner); err != nil {
-		return err
+		return nil, err
 	}
 	mark := d.moveCount()
 	if err := d.startShards(ctx, joiner); err != nil {
-		return err
+		return nil, err
 	}
 	after, err := d.settle(ctx, fleet)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	moved, err := d.checkMoves(mark, before, after)
 	if err != nil {
-		return fmt.Errorf("%s joined: %w", joiner.name, err)
+		return nil, fmt.Errorf("%s joined: %w", joiner.name, err)
 	}
 	var longest time.Duration
 	for _, m := range d.movesSince(mark) {
@@ -338,18 +407,23 @@ func (d *demo) shardAct(ctx context.Context) error {
 	if len(moved) > 0 {
 		d.result(joiner.name+" joins -> a moved shard owned again, longest gap", longest.Milliseconds())
 	}
+	return after, nil
+}
 
+// shardCrash crashes the agent of fleet that owns the most shards, by
+// after, and checks that only its shards move, to their standbys.
+func (d *demo) shardCrash(ctx context.Context, fleet []*demoAgent, after map[string]*demoAgent) error {
 	victim := slices.MaxFunc(fleet, func(a, b *demoAgent) int { return cmp.Compare(ownedBy(after, a), ownedBy(after, b)) })
 	rest := slices.DeleteFunc(slices.Clone(fleet), func(a *demoAgent) bool { return a == victim })
 	d.log.printf("demo", "--- %s, owning %d shards, crashes: its leases are left to expire (TTL %v); each of its shards has a standby in line",
 		victim.name, ownedBy(after, victim), demoTTL)
-	mark = d.moveCount()
+	mark := d.moveCount()
 	d.crash(victim)
 	final, err := d.settle(ctx, rest)
 	if err != nil {
 		return err
 	}
-	moved, err = d.checkMoves(mark, after, final)
+	moved, err := d.checkMoves(mark, after, final)
 	if err != nil {
 		return fmt.Errorf("%s crashed: %w", victim.name, err)
 	}
@@ -365,7 +439,6 @@ func (d *demo) shardAct(ctx context.Context) error {
 		d.result(victim.name+" crash -> its shards owned again, first", slices.Min(delays))
 		d.result(victim.name+" crash -> its shards owned again, last", slices.Max(delays))
 	}
-	d.log.printf("shards", "no shard ever ran on two hosts at once: each Run started after the previous owner's had returned")
 	return nil
 }
 
@@ -580,7 +653,7 @@ func shardRank(shard string, hosts []string) []string { return coord.RankHosts(s
 // startWatcher starts the host watcher, on its own client, and a consumer
 // that prints its events.
 func (d *demo) startWatcher(ctx context.Context) error {
-	cli, err := d.srv.NewClientE()
+	cli, err := d.srv.Dial()
 	if err != nil {
 		return err
 	}
@@ -639,7 +712,7 @@ func notify(ch chan struct{}) {
 // register gives a its own client and registers its host, and waits for
 // the watcher to see it.
 func (d *demo) register(ctx context.Context, a *demoAgent) error {
-	cli, err := d.srv.NewClientE()
+	cli, err := d.srv.Dial()
 	if err != nil {
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/go-coord/coord"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -26,7 +27,7 @@ func cmdLeader(ctx context.Context, args []string, stdout, stderr io.Writer) err
 KEY/<lease> created first (as etcd's concurrency package and "etcdctl elect"
 see it). Exits with status 1 when the election has no leader. It only
 reads: no lease or key is created.`, true)
-	output := c.String("o", "text", "output `format`: text (the identity) or json")
+	output := c.output("output `format`: text (the identity) or json", "text", "json")
 	pos, err := c.parse(args, stdout, 1)
 	if err != nil {
 		return err
@@ -35,26 +36,23 @@ reads: no lease or key is created.`, true)
 	if err := checkElectionKey(key); err != nil {
 		return err
 	}
-	if *output != "text" && *output != "json" {
-		return usagef("-o %q: want text or json", *output)
-	}
-	cli, err := c.conn.connect(ctx)
+	var kv *mvccpb.KeyValue
+	err = c.conn.oneShot(ctx, func(rctx context.Context, cli *clientv3.Client) error {
+		// coord's Election.Leader would do, but an Election holds a session:
+		// it would grant a lease just to read a key.
+		resp, err := cli.Get(rctx, key+"/", clientv3.WithFirstCreate()...)
+		if err != nil {
+			return c.conn.explain(ctx, cli, fmt.Errorf("read leader of %s: %w", key, err))
+		}
+		if len(resp.Kvs) == 0 {
+			return fmt.Errorf("election %s has no leader", key)
+		}
+		kv = resp.Kvs[0]
+		return nil
+	})
 	if err != nil {
 		return err
 	}
-	defer cli.Close()
-	rctx, cancel := context.WithTimeout(ctx, c.conn.commandTimeout)
-	defer cancel()
-	// coord's Election.Leader would do, but an Election holds a session:
-	// it would grant a lease just to read a key.
-	resp, err := cli.Get(rctx, key+"/", clientv3.WithFirstCreate()...)
-	if err != nil {
-		return c.conn.explain(ctx, cli, fmt.Errorf("read leader of %s: %w", key, err))
-	}
-	if len(resp.Kvs) == 0 {
-		return fmt.Errorf("election %s has no leader", key)
-	}
-	kv := resp.Kvs[0]
 	if *output == "json" {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")

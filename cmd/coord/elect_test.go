@@ -6,15 +6,12 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/go-coord/coord/coordtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 func TestLeaderAndCampaign(t *testing.T) {
 	t.Parallel()
-	srv := coordtest.NewServer(t)
-	ep := srv.Endpoint()
-	cli := srv.NewClient(t)
+	_, ep, cli := newEtcd(t)
 	candidates := func(key string) int64 {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), waitLimit)

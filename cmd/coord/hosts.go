@@ -30,12 +30,9 @@ func cmdHosts(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 labels and the time left on each host's lease. Values under the prefix that
 are not hosts are skipped with a warning on stderr.`, true)
 	c.conn.registerPrefix(c.FlagSet)
-	output := c.String("o", "table", "output `format`: table or json")
+	output := c.output("output `format`: table or json", "table", "json")
 	if _, err := c.parse(args, stdout, 0); err != nil {
 		return err
-	}
-	if *output != "table" && *output != "json" {
-		return usagef("-o %q: want table or json", *output)
 	}
 	return runListing(ctx, c, *output == "json", stdout, stderr, "host", listHosts, printHosts)
 }
@@ -57,16 +54,15 @@ func printHosts(w io.Writer, hosts []liveHost) error {
 // with table (a note on stderr when there are none).
 func runListing[T any](ctx context.Context, c *cmdFlags, asJSON bool, stdout, stderr io.Writer, noun string,
 	list func(context.Context, *clientv3.Client, string, io.Writer) ([]T, error), table func(io.Writer, []T) error) error {
-	cli, err := c.conn.connect(ctx)
+	var items []T
+	err := c.conn.oneShot(ctx, func(rctx context.Context, cli *clientv3.Client) (err error) {
+		if items, err = list(rctx, cli, c.conn.prefix, stderr); err != nil {
+			return c.conn.explain(ctx, cli, err)
+		}
+		return nil
+	})
 	if err != nil {
 		return err
-	}
-	defer cli.Close()
-	rctx, cancel := context.WithTimeout(ctx, c.conn.commandTimeout)
-	defer cancel()
-	items, err := list(rctx, cli, c.conn.prefix, stderr)
-	if err != nil {
-		return c.conn.explain(ctx, cli, err)
 	}
 	if asJSON {
 		if items == nil {

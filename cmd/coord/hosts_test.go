@@ -8,14 +8,11 @@ import (
 	"time"
 
 	"github.com/go-coord/coord"
-	"github.com/go-coord/coord/coordtest"
 )
 
 func TestHosts(t *testing.T) {
 	t.Parallel()
-	srv := coordtest.NewServer(t)
-	ep := srv.Endpoint()
-	cli := srv.NewClient(t)
+	_, ep, cli := newEtcd(t)
 	register(t, cli, coord.HostMetadata{HostUUID: "host-a", Hostname: "node-a", Version: "1.2.3",
 		Labels: map[string]string{"zone": "z1", "tier": "web"}}, coord.LivenessOptions{TTL: 10 * time.Second})
 	register(t, cli, coord.HostMetadata{HostUUID: "host-b", Hostname: "node-b"}, coord.LivenessOptions{TTL: 5 * time.Second})
@@ -97,13 +94,20 @@ func TestHosts(t *testing.T) {
 	})
 
 	t.Run("no hosts: an empty list, and a note on stderr", func(t *testing.T) {
-		r := runCoord(t, "hosts", "--endpoints", ep, "--prefix", "/empty/")
-		if r.code != exitOK || r.stdout != "" || !strings.Contains(r.stderr, "no host under /empty/") {
-			t.Fatalf("status %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
-		}
-		r = runCoord(t, "hosts", "--endpoints", ep, "--prefix", "/empty/", "-o", "json")
-		if r.code != exitOK || strings.TrimSpace(r.stdout) != "[]" {
-			t.Fatalf("status %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
-		}
+		checkEmptyListing(t, ep, "hosts", "host")
 	})
+}
+
+// checkEmptyListing checks that a listing command finding nothing under
+// its prefix prints nothing but a note on stderr, and [] with -o json.
+func checkEmptyListing(t *testing.T, ep, command, noun string) {
+	t.Helper()
+	r := runCoord(t, command, "--endpoints", ep, "--prefix", "/empty/")
+	if r.code != exitOK || r.stdout != "" || !strings.Contains(r.stderr, "no "+noun+" under /empty/") {
+		t.Fatalf("status %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	r = runCoord(t, command, "--endpoints", ep, "--prefix", "/empty/", "-o", "json")
+	if r.code != exitOK || strings.TrimSpace(r.stdout) != "[]" {
+		t.Fatalf("status %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
 }

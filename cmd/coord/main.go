@@ -21,6 +21,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -94,10 +95,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return exitUsage
 	default:
-		// The library's errors say "coord: " already.
-		fmt.Fprintf(stderr, "coord: %s\n", strings.TrimPrefix(err.Error(), "coord: "))
+		fmt.Fprintln(stderr, errorLine(err))
 		return exitError
 	}
+}
+
+// errorLine is the line that reports err, saying "coord: " once: the
+// library's errors begin with it (its sentinels and entry points add it),
+// the command's own errors do not.
+func errorLine(err error) string {
+	const prefix = "coord: "
+	if msg := err.Error(); strings.HasPrefix(msg, prefix) {
+		return msg
+	}
+	return prefix + err.Error()
 }
 
 // dispatch parses the flags given before the command and runs the command,
@@ -178,6 +189,16 @@ type cmdFlags struct {
 	args  string // synopsis of the positional arguments
 	about string // what the command does, for -h
 	conn  *connFlags
+
+	format  *string  // -o, if the command has it
+	formats []string // the values -o takes
+}
+
+// output adds -o, the output format: one of formats, the first the
+// default. parse refuses any other value.
+func (c *cmdFlags) output(usage string, formats ...string) *string {
+	c.format, c.formats = c.String("o", formats[0], usage), formats
+	return c.format
 }
 
 // newFlagSet returns a FlagSet that prints nothing itself: run reports
@@ -230,6 +251,8 @@ func (c *cmdFlags) parse(args []string, stdout io.Writer, want int) ([]string, e
 		return nil, usagef("unexpected argument %q", pos[0])
 	case len(pos) > want:
 		return nil, usagef("too many arguments: want %s", c.args)
+	case c.format != nil && !slices.Contains(c.formats, *c.format):
+		return nil, usagef("-o %q: want %s", *c.format, strings.Join(c.formats, " or "))
 	}
 	return pos, nil
 }

@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -10,6 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-coord/coord"
+	"github.com/go-coord/coord/coordtest"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
 )
 
@@ -30,6 +35,13 @@ var scale = func() time.Duration {
 
 // waitLimit bounds every wait of the tests: generous, for slow machines.
 var waitLimit = 20 * time.Second * scale
+
+// newEtcd starts an embedded etcd for t, stopped when t ends, and returns
+// it, its endpoint and a client of it.
+func newEtcd(t *testing.T) (srv *coordtest.Server, ep string, cli *clientv3.Client) {
+	srv = coordtest.NewServer(t)
+	return srv, srv.Endpoint(), srv.NewClient(t)
+}
 
 // syncBuffer is a bytes.Buffer written by a running command and read by
 // its test.
@@ -217,4 +229,23 @@ func TestUsage(t *testing.T) {
 			t.Fatal("coord bench is not routed")
 		}
 	})
+}
+
+func TestErrorLine(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"a library error is printed as it is", fmt.Errorf("coord: register host %q: grant lease: %w", "a", context.DeadlineExceeded),
+			`coord: register host "a": grant lease: context deadline exceeded`},
+		{"a library sentinel says coord once", coord.ErrNoLeader, "coord: no leader"},
+		{"the command's own error gets the prefix", errors.New("election /e has no leader"), "coord: election /e has no leader"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := errorLine(tc.err); got != tc.want {
+				t.Errorf("errorLine = %q, want %q", got, tc.want)
+			}
+		})
+	}
 }

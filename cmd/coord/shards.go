@@ -45,12 +45,9 @@ is what grows with each new ownership. It only reads: no lease or key is
 created. Keys under the prefix that are not candidates are skipped with a
 warning on stderr.`, true)
 	c.StringVar(&c.conn.prefix, "prefix", coord.ShardsPrefix, "etcd `prefix` of the shard elections; ends in /")
-	output := c.String("o", "text", "output `format`: text (a table) or json")
+	output := c.output("output `format`: text (a table) or json", "text", "json")
 	if _, err := c.parse(args, stdout, 0); err != nil {
 		return err
-	}
-	if *output != "text" && *output != "json" {
-		return usagef("-o %q: want text or json", *output)
 	}
 	return runListing(ctx, c, *output == "json", stdout, stderr, "shard", listShards, printShards)
 }

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/go-coord/coord"
-	"github.com/go-coord/coord/coordtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -36,9 +35,7 @@ func (s shardInfo) line() []string {
 
 func TestShards(t *testing.T) {
 	t.Parallel()
-	srv := coordtest.NewServer(t)
-	ep := srv.Endpoint()
-	cli := srv.NewClient(t)
+	srv, ep, cli := newEtcd(t)
 	count := func(prefix string) int64 {
 		t.Helper()
 		resp, err := cli.Get(tctx(t), prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
@@ -209,14 +206,7 @@ func TestShards(t *testing.T) {
 	})
 
 	t.Run("no shards: an empty list, and a note on stderr", func(t *testing.T) {
-		r := runCoord(t, "shards", "--endpoints", ep, "--prefix", "/empty/")
-		if r.code != exitOK || r.stdout != "" || !strings.Contains(r.stderr, "no shard under /empty/") {
-			t.Fatalf("status %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
-		}
-		r = runCoord(t, "shards", "--endpoints", ep, "--prefix", "/empty/", "-o", "json")
-		if r.code != exitOK || strings.TrimSpace(r.stdout) != "[]" {
-			t.Fatalf("status %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
-		}
+		checkEmptyListing(t, ep, "shards", "shard")
 		if n := count(""); n == 0 {
 			t.Fatal("no key at all: the test reads nothing")
 		}

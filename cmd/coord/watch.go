@@ -28,12 +28,9 @@ On Down, the host's last metadata is shown. Events marked synthetic come
 from a listing (the first one, or a resync after the watch broke) rather
 than from a watch event. With -o json, each line is a JSON object.`, true)
 	c.conn.registerPrefix(c.FlagSet)
-	output := c.String("o", "text", "output `format`: text or json (one object per line)")
+	output := c.output("output `format`: text or json (one object per line)", "text", "json")
 	if _, err := c.parse(args, stdout, 0); err != nil {
 		return err
-	}
-	if *output != "text" && *output != "json" {
-		return usagef("-o %q: want text or json", *output)
 	}
 	cli, err := c.conn.connect(ctx)
 	if err != nil {

@@ -8,14 +8,11 @@ import (
 	"testing"
 
 	"github.com/go-coord/coord"
-	"github.com/go-coord/coord/coordtest"
 )
 
 func TestWatch(t *testing.T) {
 	t.Parallel()
-	srv := coordtest.NewServer(t)
-	ep := srv.Endpoint()
-	cli := srv.NewClient(t)
+	_, ep, cli := newEtcd(t)
 	register(t, cli, coord.HostMetadata{HostUUID: "early", Hostname: "e"}, coord.LivenessOptions{Prefix: "/w/"})
 
 	t.Run("text: the live hosts, then each change, until interrupted", func(t *testing.T) {

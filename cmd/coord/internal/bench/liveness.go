@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 // nothing is revoked) and a watcher on another client sees them Down once
 // etcd expires their leases. Samples are crash → Down minus the granted
 // TTL. Both sides run at once: they mostly wait on etcd's clock.
-func benchCrashDown(ctx context.Context, env *benchEnv, cfg benchConfig) ([]benchRow, error) {
+func benchCrashDown(ctx context.Context, env *benchEnv, cfg Config) ([]benchRow, error) {
 	n := cfg.crashHosts
 	ttl, err := benchGrantedTTL(ctx, env.cli, cfg.crashTTL)
 	if err != nil {
@@ -55,7 +55,7 @@ func benchCrashRenewalRow(scenario string, c, p benchCrashSamples) benchRow {
 // benchCrashDownSide registers n hosts, each on its own client, watches them,
 // crashes them at random moments over cfg.crashSpan and returns, per host,
 // the time from the crash to the watcher's Down minus the granted TTL.
-func benchCrashDownSide(ctx context.Context, env *benchEnv, cfg benchConfig, side string, n int) (out benchCrashSamples, err error) {
+func benchCrashDownSide(ctx context.Context, env *benchEnv, cfg Config, side string, n int) (out benchCrashSamples, err error) {
 	prefix := env.prefix("crash", side)
 	log := newBenchHostLog()
 	stopWatch, err := benchStartWatch(ctx, env, side, prefix, log)
@@ -158,7 +158,7 @@ func benchCrashDownSide(ctx context.Context, env *benchEnv, cfg benchConfig, sid
 // recording Up and Down events in log.
 func benchStartWatch(ctx context.Context, env *benchEnv, side, prefix string, log *benchHostLog) (func(), error) {
 	if side == "coord" {
-		return benchWatchCoord(ctx, env.cli, prefix, log)
+		return benchWatchCoord(ctx, env.cli, prefix, func(ev coord.HostEvent) { log.add(ev.Kind, ev.HostUUID, time.Now()) })
 	}
 	_, stop, err := benchPlainWatch(ctx, env.cli, prefix, func(kind coord.HostEventKind, id string, _ int64, at time.Time) {
 		log.add(kind, id, at)
@@ -169,7 +169,7 @@ func benchStartWatch(ctx context.Context, env *benchEnv, side, prefix string, lo
 // benchStopDown measures scenario 2: a host stops gracefully and the
 // watcher sees it Down. coord's Stop against a plain Revoke; one host at a
 // time, the two sides alternating.
-func benchStopDown(ctx context.Context, env *benchEnv, cfg benchConfig) ([]benchRow, error) {
+func benchStopDown(ctx context.Context, env *benchEnv, cfg Config) ([]benchRow, error) {
 	n := cfg.stopHosts
 	hostCli, err := env.client()
 	if err != nil {

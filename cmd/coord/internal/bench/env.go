@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -16,7 +16,6 @@ import (
 	"github.com/go-coord/coord"
 	"github.com/go-coord/coord/coordtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 )
 
@@ -39,14 +38,17 @@ type benchEnv struct {
 	clients []*clientv3.Client // closed by close
 }
 
-func newBenchEnv(ctx context.Context, cfg benchConfig, stderr io.Writer) (_ *benchEnv, err error) {
-	env := &benchEnv{log: stderr, started: time.Now(), root: fmt.Sprintf("/coord-bench/%08x/", rand.Uint32())}
+func newBenchEnv(ctx context.Context, cfg Config) (_ *benchEnv, err error) {
+	env := &benchEnv{log: cfg.Progress, started: time.Now(), root: fmt.Sprintf("/coord-bench/%08x/", rand.Uint32())}
+	if env.log == nil {
+		env.log = io.Discard
+	}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, env.close())
 		}
 	}()
-	if cfg.conn == nil {
+	if cfg.Etcd == nil {
 		if env.dir, err = benchTempDir(); err != nil {
 			return nil, fmt.Errorf("bench: %w", err)
 		}
@@ -58,9 +60,7 @@ func newBenchEnv(ctx context.Context, cfg benchConfig, stderr io.Writer) (_ *ben
 		env.embedded = true
 		env.desc = benchEmbeddedDesc()
 	} else {
-		if env.base, err = benchRemoteConfig(cfg.conn); err != nil {
-			return nil, err
-		}
+		env.base = *cfg.Etcd
 	}
 	if env.cli, err = env.client(); err != nil {
 		return nil, err
@@ -75,27 +75,6 @@ func newBenchEnv(ctx context.Context, cfg benchConfig, stderr io.Writer) (_ *ben
 		env.desc = fmt.Sprintf("etcd v%s at %s", st.Version, strings.Join(env.base.Endpoints, ","))
 	}
 	return env, nil
-}
-
-// benchRemoteConfig is the configuration of the clients of the cluster
-// named by the connection flags.
-func benchRemoteConfig(c *connFlags) (clientv3.Config, error) {
-	tlsCfg, err := c.tlsConfig()
-	if err != nil {
-		return clientv3.Config{}, err
-	}
-	user, password, err := c.credentials()
-	if err != nil {
-		return clientv3.Config{}, err
-	}
-	return clientv3.Config{
-		Endpoints:   c.endpointList(),
-		DialTimeout: c.dialTimeout,
-		TLS:         tlsCfg,
-		Username:    user,
-		Password:    password,
-		Logger:      zap.NewNop(),
-	}, nil
 }
 
 // client returns a new client with its own connection, closed by close
@@ -123,7 +102,7 @@ func (env *benchEnv) prefix(parts ...string) string {
 	return env.root + strings.Join(parts, "/") + "/"
 }
 
-// progress reports on stderr; the two sides of a scenario may report at
+// progress reports on the run's Progress; the two sides of a scenario may report at
 // once.
 func (env *benchEnv) progress(format string, args ...any) {
 	env.logMu.Lock()
@@ -284,9 +263,9 @@ func (l *benchHostLog) downAt(id string) (time.Time, bool) {
 	return t, ok
 }
 
-// benchWatchCoord runs a coord.HostWatcher on prefix, recording its events in l
-// once it has synced. stop closes it and waits.
-func benchWatchCoord(ctx context.Context, cli *clientv3.Client, prefix string, l *benchHostLog) (stop func(), err error) {
+// benchWatchCoord runs a coord.HostWatcher on prefix, calling on for each of
+// its events, and returns once it has synced. stop closes it and waits.
+func benchWatchCoord(ctx context.Context, cli *clientv3.Client, prefix string, on func(coord.HostEvent)) (stop func(), err error) {
 	w, err := coord.NewHostWatcher(ctx, cli, coord.WatcherOptions{Prefix: prefix})
 	if err != nil {
 		return nil, err
@@ -295,7 +274,7 @@ func benchWatchCoord(ctx context.Context, cli *clientv3.Client, prefix string, l
 	go func() {
 		defer close(done)
 		for ev := range w.Events() {
-			l.add(ev.Kind, ev.HostUUID, time.Now())
+			on(ev)
 		}
 	}()
 	stop = func() { w.Close(); <-done }

@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -59,7 +59,7 @@ type benchShardResult struct {
 // benchShards measures scenario 10: coord at cfg.shardHosts ×
 // cfg.shardCount, then coord and the naive plan at cfg.shardNaiveHosts ×
 // cfg.shardNaiveCount (one coord run serves both when the sizes are equal).
-func benchShards(ctx context.Context, env *benchEnv, cfg benchConfig) ([]benchRow, error) {
+func benchShards(ctx context.Context, env *benchEnv, cfg Config) ([]benchRow, error) {
 	big, err := benchShardRun(ctx, env, cfg, "coord", cfg.shardHosts, cfg.shardCount)
 	if err != nil {
 		return nil, fmt.Errorf("coord, %d × %d: %w", cfg.shardHosts, cfg.shardCount, err)
@@ -82,7 +82,7 @@ func benchShards(ctx context.Context, env *benchEnv, cfg benchConfig) ([]benchRo
 		where = "the bench's embedded single-member etcd"
 	}
 	head := fmt.Sprintf("10. ShardSet: %d hosts, each on its own client with its HostLiveness, %s shards (Replicas %d, liveness and shard TTL %s), on %s",
-		cfg.shardHosts, benchCount(cfg.shardCount), coord.DefaultShardReplicas, benchSecs(cfg.shardTTL), where)
+		cfg.shardHosts, benchCount(cfg.shardCount), coord.DefaultShardReplicas, benchSecs(cfg.ShardTTL), where)
 	if same {
 		rows := benchShardRows("10.", head+"; plain: the naive plan (every host campaigns for every shard, a concurrency session per shard per host)", big, &naive)
 		return rows, nil
@@ -225,11 +225,11 @@ func benchShardLeases(r benchShardResult) string {
 
 // benchShardRun runs coord ("coord") or the naive plan ("naive") at n
 // hosts × k shards: cold start, a join, a crash.
-func benchShardRun(ctx context.Context, env *benchEnv, cfg benchConfig, side string, n, k int) (r benchShardResult, err error) {
-	f := &benchShardFleet{env: env, side: side, ttl: cfg.shardTTL, shards: benchShardNames(k),
+func benchShardRun(ctx context.Context, env *benchEnv, cfg Config, side string, n, k int) (r benchShardResult, err error) {
+	f := &benchShardFleet{env: env, side: side, ttl: cfg.ShardTTL, shards: benchShardNames(k),
 		prefix: env.prefix("shards", fmt.Sprintf("%s-%dx%d", side, n, k))}
 	f.tr = newBenchShardTracker(f.shards)
-	r.hosts, r.shards, r.stagger = n, k, cfg.shardStagger
+	r.hosts, r.shards, r.stagger = n, k, cfg.ShardStagger
 	defer func() { err = errors.Join(err, f.close(ctx)) }()
 	baseline := -1
 	if env.embedded {
@@ -249,7 +249,7 @@ func benchShardRun(ctx context.Context, env *benchEnv, cfg benchConfig, side str
 	t0 := time.Now()
 	starts := make([]time.Time, n)
 	if err := benchParallel(ctx, n, n, func(i int) error {
-		if err := benchSleep(ctx, time.Duration(i)*cfg.shardStagger); err != nil {
+		if err := benchSleep(ctx, time.Duration(i)*cfg.ShardStagger); err != nil {
 			return err
 		}
 		starts[i] = time.Now()

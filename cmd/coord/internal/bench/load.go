@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -95,7 +95,7 @@ const benchLoadWorkers = 32
 // concurrency session per coord.DefaultKeysPerSession keys, an election
 // per key on it: the pool's layout, written by hand. The sides run one
 // after the other, so that the process CPU time of each can be told apart.
-func benchLoad(ctx context.Context, env *benchEnv, cfg benchConfig) ([]benchRow, error) {
+func benchLoad(ctx context.Context, env *benchEnv, cfg Config) ([]benchRow, error) {
 	// What the process burns with nothing to do, for comparison.
 	idle := cfg.loadWindow / 3
 	cpu0, cpuOK := benchProcessCPU()
@@ -160,7 +160,7 @@ func benchLoad(ctx context.Context, env *benchEnv, cfg benchConfig) ([]benchRow,
 	return rows, nil
 }
 
-func benchLoadSide(ctx context.Context, env *benchEnv, cfg benchConfig, side string) (benchLoadResult, error) {
+func benchLoadSide(ctx context.Context, env *benchEnv, cfg Config, side string) (benchLoadResult, error) {
 	var cnt benchRPCCounter
 	cli, err := env.client(cnt.dialOptions()...)
 	if err != nil {
@@ -208,7 +208,7 @@ func benchLoadSide(ctx context.Context, env *benchEnv, cfg benchConfig, side str
 
 // benchLoadCoord sets up coord's side of scenario 7: a HostLiveness and an
 // ElectionPool leading every key. stop releases them, also after an error.
-func benchLoadCoord(ctx context.Context, cli *clientv3.Client, cfg benchConfig, prefix string, m coord.HostMetadata, key func(int) string) (stop func(), err error) {
+func benchLoadCoord(ctx context.Context, cli *clientv3.Client, cfg Config, prefix string, m coord.HostMetadata, key func(int) string) (stop func(), err error) {
 	h, err := coord.RegisterHostLiveness(ctx, cli, m, coord.LivenessOptions{Prefix: prefix, TTL: cfg.loadLivenessTTL})
 	if err != nil {
 		return nil, err
@@ -235,7 +235,7 @@ func benchLoadCoord(ctx context.Context, cli *clientv3.Client, cfg benchConfig, 
 // Put for the host, and a concurrency session per
 // coord.DefaultKeysPerSession keys, leading each key with an election on
 // it. stop releases them, also after an error.
-func benchLoadPlain(ctx context.Context, cli *clientv3.Client, cfg benchConfig, prefix string, m coord.HostMetadata, key func(int) string) (stop func(), err error) {
+func benchLoadPlain(ctx context.Context, cli *clientv3.Client, cfg Config, prefix string, m coord.HostMetadata, key func(int) string) (stop func(), err error) {
 	g, err := cli.Grant(ctx, int64(cfg.loadLivenessTTL/time.Second))
 	if err != nil {
 		return nil, err

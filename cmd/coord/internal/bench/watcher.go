@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -18,7 +18,7 @@ import (
 // into a map, then Watch; and the heap each keeps per host once synced
 // (runtime.MemStats.HeapAlloc after GC, before and after). The sides
 // alternate; the median of the repetitions is reported.
-func benchScale(ctx context.Context, env *benchEnv, cfg benchConfig) ([]benchRow, error) {
+func benchScale(ctx context.Context, env *benchEnv, cfg Config) ([]benchRow, error) {
 	var rows []benchRow
 	for _, n := range cfg.scaleSizes {
 		r, err := benchScaleSize(ctx, env, cfg, n)
@@ -30,7 +30,7 @@ func benchScale(ctx context.Context, env *benchEnv, cfg benchConfig) ([]benchRow
 	return rows, nil
 }
 
-func benchScaleSize(ctx context.Context, env *benchEnv, cfg benchConfig, n int) ([]benchRow, error) {
+func benchScaleSize(ctx context.Context, env *benchEnv, cfg Config, n int) ([]benchRow, error) {
 	prefix := env.prefix("scale", fmt.Sprint(n))
 	g, err := env.cli.Grant(ctx, 3600)
 	if err != nil {
@@ -149,7 +149,7 @@ func benchScalePlain(ctx context.Context, cli *clientv3.Client, prefix string, n
 // a shared machine, for both. The lag of an event is the time from the
 // writer's acknowledgement of its revision to its delivery to the
 // consumer, 0 when the event arrived first.
-func benchChurn(ctx context.Context, env *benchEnv, cfg benchConfig) ([]benchRow, error) {
+func benchChurn(ctx context.Context, env *benchEnv, cfg Config) ([]benchRow, error) {
 	prefix := env.prefix("churn")
 	g, err := env.cli.Grant(ctx, 3600)
 	if err != nil {
@@ -166,82 +166,21 @@ func benchChurn(ctx context.Context, env *benchEnv, cfg benchConfig) ([]benchRow
 		}
 		defer clis[i].Close()
 	}
-	var mu sync.Mutex
-	acked := map[int64]time.Time{}
-	delivered := [2]map[int64]time.Time{{}, {}}
-	deliver := func(side int, rev int64, at time.Time) {
-		mu.Lock()
-		delivered[side][rev] = at
-		mu.Unlock()
-	}
-
-	w, err := coord.NewHostWatcher(ctx, clis[1], coord.WatcherOptions{Prefix: prefix})
+	log := newChurnLog()
+	stop, err := log.follow(ctx, clis[1], clis[2], prefix)
 	if err != nil {
 		return nil, err
-	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for ev := range w.Events() {
-			if !ev.Synthetic {
-				deliver(0, ev.Revision, time.Now())
-			}
-		}
-	}()
-	defer func() { w.Close(); <-done }()
-	select {
-	case <-w.Synced():
-	case <-done:
-		return nil, fmt.Errorf("coord: watcher ended: %v", w.Err())
-	}
-	_, stop, err := benchPlainWatch(ctx, clis[2], prefix, func(_ coord.HostEventKind, _ string, rev int64, at time.Time) {
-		deliver(1, rev, at)
-	})
-	if err != nil {
-		return nil, fmt.Errorf("plain: %w", err)
 	}
 	defer stop()
-
-	rate, err := benchChurnWrites(ctx, clis[0], cfg, prefix, g.ID, func(rev int64, at time.Time) {
-		mu.Lock()
-		acked[rev] = at
-		mu.Unlock()
-	})
+	rate, err := benchChurnWrites(ctx, clis[0], cfg, prefix, g.ID, log.ack)
 	if err != nil {
 		return nil, err
 	}
-	env.progress("scenario 6: %d writes at %.0f/s", len(acked), rate)
-	// Wait for every event to reach both consumers.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		mu.Lock()
-		missing := 0
-		for rev := range acked {
-			for _, d := range delivered {
-				if _, ok := d[rev]; !ok {
-					missing++
-				}
-			}
-		}
-		mu.Unlock()
-		if missing == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("bench: %d events not delivered 10 s after the churn", missing)
-		}
-		if err := benchSleep(ctx, 10*time.Millisecond); err != nil {
-			return nil, err
-		}
+	env.progress("scenario 6: %d writes at %.0f/s", log.writes(), rate)
+	if err := log.waitDelivered(ctx, 10*time.Second); err != nil {
+		return nil, err
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	var lags [2]benchLatencies
-	for rev, at := range acked {
-		for i, d := range delivered {
-			lags[i] = append(lags[i], max(d[rev].Sub(at), 0))
-		}
-	}
+	lags := log.lags()
 	return []benchRow{benchLatencyRow(
 		fmt.Sprintf("6. Churn: %s hosts flapping (delete, put) at %d writes/s for %s, both watchers at once; lag from the writer's ack of the revision to the event's delivery (0 if first), p50 / p99",
 			benchCount(cfg.churnHosts), cfg.churnRate, benchSecs(cfg.churnFor)),
@@ -249,12 +188,109 @@ func benchChurn(ctx context.Context, env *benchEnv, cfg benchConfig) ([]benchRow
 		"etcd's watch delivery (the plain column); coord adds a decode and a channel hop")}, nil
 }
 
+// churnLog records when the writer had each revision acknowledged, and
+// when each side's consumer had it delivered.
+type churnLog struct {
+	mu        sync.Mutex
+	acked     map[int64]time.Time
+	delivered [2]map[int64]time.Time // coord's, plain's
+}
+
+func newChurnLog() *churnLog {
+	return &churnLog{acked: map[int64]time.Time{}, delivered: [2]map[int64]time.Time{{}, {}}}
+}
+
+func (l *churnLog) ack(rev int64, at time.Time) {
+	l.mu.Lock()
+	l.acked[rev] = at
+	l.mu.Unlock()
+}
+
+func (l *churnLog) deliver(side int, rev int64, at time.Time) {
+	l.mu.Lock()
+	l.delivered[side][rev] = at
+	l.mu.Unlock()
+}
+
+func (l *churnLog) writes() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.acked)
+}
+
+// follow starts both watchers of prefix, coord's on coordCli and the plain
+// one on plainCli, recording their deliveries; stop ends both.
+func (l *churnLog) follow(ctx context.Context, coordCli, plainCli *clientv3.Client, prefix string) (stop func(), err error) {
+	stopCoord, err := benchWatchCoord(ctx, coordCli, prefix, func(ev coord.HostEvent) {
+		if !ev.Synthetic {
+			l.deliver(0, ev.Revision, time.Now())
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("coord: %w", err)
+	}
+	_, stopPlain, err := benchPlainWatch(ctx, plainCli, prefix, func(_ coord.HostEventKind, _ string, rev int64, at time.Time) {
+		l.deliver(1, rev, at)
+	})
+	if err != nil {
+		stopCoord()
+		return nil, fmt.Errorf("plain: %w", err)
+	}
+	return func() { stopPlain(); stopCoord() }, nil
+}
+
+// waitDelivered waits, up to timeout, for every acknowledged revision to
+// reach both consumers.
+func (l *churnLog) waitDelivered(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		missing := l.missing()
+		if missing == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("bench: %d events not delivered %v after the churn", missing, timeout)
+		}
+		if err := benchSleep(ctx, 10*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+func (l *churnLog) missing() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for rev := range l.acked {
+		for _, d := range l.delivered {
+			if _, ok := d[rev]; !ok {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// lags returns each side's lags: from a revision's acknowledgement to its
+// delivery, 0 when the event arrived first.
+func (l *churnLog) lags() [2]benchLatencies {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var lags [2]benchLatencies
+	for rev, at := range l.acked {
+		for i, d := range l.delivered {
+			lags[i] = append(lags[i], max(d[rev].Sub(at), 0))
+		}
+	}
+	return lags
+}
+
 // benchChurnWrites flaps the hosts under prefix at cfg.churnRate writes
 // per second for cfg.churnFor, reporting each write's revision and when
 // it was acknowledged, and returns the rate achieved. Writers each pace
 // their share of the rate over hosts of their own, so that each host's
 // writes stay in order.
-func benchChurnWrites(ctx context.Context, cli *clientv3.Client, cfg benchConfig, prefix string, lease clientv3.LeaseID, ack func(rev int64, at time.Time)) (float64, error) {
+func benchChurnWrites(ctx context.Context, cli *clientv3.Client, cfg Config, prefix string, lease clientv3.LeaseID, ack func(rev int64, at time.Time)) (float64, error) {
 	const writers = 8
 	keys := make([]string, cfg.churnHosts)
 	vals := make([]string, cfg.churnHosts)

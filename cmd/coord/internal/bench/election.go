@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -119,7 +119,7 @@ func (env *benchEnv) electionKey(parts ...string) string {
 // enough for etcd to have synced its watch (etcd catches up watches that
 // start at a past revision every 100 ms), and with one that queued just
 // before the resign.
-func benchResign(ctx context.Context, env *benchEnv, cfg benchConfig) ([]benchRow, error) {
+func benchResign(ctx context.Context, env *benchEnv, cfg Config) ([]benchRow, error) {
 	c, p, err := benchResignRounds(ctx, env, "resign", cfg.resignRounds, cfg.resignSettle)
 	if err != nil {
 		return nil, err
@@ -217,7 +217,7 @@ func benchResignRounds(ctx context.Context, env *benchEnv, name string, rounds i
 // closed) and the candidate waiting behind it leads once etcd expires the
 // leader's lease. Samples are crash → successor leads minus the granted
 // TTL. Many elections run at once; their leaders crash at random moments.
-func benchLeaderCrash(ctx context.Context, env *benchEnv, cfg benchConfig) ([]benchRow, error) {
+func benchLeaderCrash(ctx context.Context, env *benchEnv, cfg Config) ([]benchRow, error) {
 	ttl, err := benchGrantedTTL(ctx, env.cli, cfg.crashTTL)
 	if err != nil {
 		return nil, err
@@ -236,7 +236,7 @@ func benchLeaderCrash(ctx context.Context, env *benchEnv, cfg benchConfig) ([]be
 	}, nil
 }
 
-func benchLeaderCrashSide(ctx context.Context, env *benchEnv, cfg benchConfig, side string, ttl time.Duration) (out benchCrashSamples, err error) {
+func benchLeaderCrashSide(ctx context.Context, env *benchEnv, cfg Config, side string, ttl time.Duration) (out benchCrashSamples, err error) {
 	type race struct {
 		cli              *clientv3.Client
 		cnt              benchRPCCounter // when the leader's client last renewed
@@ -349,7 +349,7 @@ func benchLeaderCrashSide(ctx context.Context, env *benchEnv, cfg benchConfig, s
 // requests an uncontended etcd-concurrency campaign and resignation need,
 // sent by hand), take turns chunk by chunk, so that they share the
 // machine's noise.
-func benchCampaign(ctx context.Context, env *benchEnv, cfg benchConfig) ([]benchRow, error) {
+func benchCampaign(ctx context.Context, env *benchEnv, cfg Config) ([]benchRow, error) {
 	floor := env.electionKey("campaign", "floor")
 	cands := []benchCandidate{&benchFloorCandidate{cli: env.cli, prefix: floor + "/", key: floor + "/1"}}
 	defer func() {

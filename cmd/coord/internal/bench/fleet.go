@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"context"
@@ -40,7 +40,7 @@ type benchFleetResult struct {
 // coord: a HostLiveness and an ElectionPool per agent. plain: Grant +
 // KeepAlive + Put per agent, and a concurrency session per key (a lease
 // per key). The sides run one after the other.
-func benchFleet(ctx context.Context, env *benchEnv, cfg benchConfig) ([]benchRow, error) {
+func benchFleet(ctx context.Context, env *benchEnv, cfg Config) ([]benchRow, error) {
 	var res [2]benchFleetResult
 	for i, side := range []string{"coord", "plain"} {
 		var err error
@@ -53,7 +53,7 @@ func benchFleet(ctx context.Context, env *benchEnv, cfg benchConfig) ([]benchRow
 }
 
 // benchFleetRows are the rows of what the fleet asks of etcd.
-func benchFleetRows(cfg benchConfig, c, p benchFleetResult) []benchRow {
+func benchFleetRows(cfg Config, c, p benchFleetResult) []benchRow {
 	where := fmt.Sprintf("a %d-member embedded cluster in a child process, one per side", cfg.fleetMembers)
 	if !c.cluster {
 		where = "the cluster of --endpoints"
@@ -101,7 +101,7 @@ func benchFleetRows(cfg benchConfig, c, p benchFleetResult) []benchRow {
 
 // benchFleetCostRows are the rows of the CPU time and memory of the
 // cluster and of the agents, where they could be measured.
-func benchFleetCostRows(env *benchEnv, cfg benchConfig, c, p benchFleetResult) []benchRow {
+func benchFleetCostRows(env *benchEnv, cfg Config, c, p benchFleetResult) []benchRow {
 	mb := func(b int64) string { return fmt.Sprintf("%.0f MB", float64(b)/1e6) }
 	var rows []benchRow
 	if c.clusterCPUOK && p.clusterCPUOK {
@@ -151,7 +151,7 @@ func benchFleetCostRows(env *benchEnv, cfg benchConfig, c, p benchFleetResult) [
 
 // benchFleetSide runs one side of scenario 9 on a cluster of its own (or
 // the cluster of --endpoints).
-func benchFleetSide(ctx context.Context, env *benchEnv, cfg benchConfig, side string) (r benchFleetResult, err error) {
+func benchFleetSide(ctx context.Context, env *benchEnv, cfg Config, side string) (r benchFleetResult, err error) {
 	base := env.base
 	var cl *benchCluster
 	if env.embedded {
@@ -295,7 +295,7 @@ type benchFleetAgent struct {
 }
 
 // start registers agent a of side under prefix and campaigns for its keys.
-func (a *benchFleetAgent) start(ctx context.Context, side string, cfg benchConfig, prefix string, n int) error {
+func (a *benchFleetAgent) start(ctx context.Context, side string, cfg Config, prefix string, n int) error {
 	m := benchMeta(side, n)
 	per := cfg.fleetKeys / cfg.fleetAgents
 	key := func(i int) string { return fmt.Sprintf("%selections/%05d", prefix, n*per+i) }

@@ -1,0 +1,98 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+)
+
+// benchTiny runs every scenario with the least that still measures it:
+// small enough for the race detector.
+var benchTiny = Config{
+	name:       "tiny",
+	crashHosts: 3, crashTTL: time.Second, crashSpan: 200 * time.Millisecond,
+	stopHosts:    3,
+	resignRounds: 2, resignSettle: 150 * time.Millisecond,
+	resignFreshRounds: 2, resignFreshSettle: 20 * time.Millisecond,
+	leaderCrashes: 2,
+	scaleSizes:    []int{50, 100}, scaleReps: 1,
+	churnHosts: 40, churnRate: 100, churnFor: 300 * time.Millisecond,
+	loadKeys: 5, loadLivenessTTL: time.Second, loadPoolTTL: 2 * time.Second, loadWindow: time.Second,
+	campaignFor: 100 * time.Millisecond, campaignChunk: 50 * time.Millisecond,
+	fleetAgents: 2, fleetKeys: 6, fleetMembers: 3,
+	fleetLivenessTTL: time.Second, fleetPoolTTL: 2 * time.Second, fleetWindow: time.Second,
+	shardHosts: 3, shardCount: 24, ShardTTL: 2 * time.Second, ShardStagger: 50 * time.Millisecond,
+	shardNaiveHosts: 2, shardNaiveCount: 12,
+}
+
+func TestBenchPrintsEveryRow(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs every scenario on an embedded etcd")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute*scale)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	cfg := benchTiny
+	cfg.Progress = &stderr
+	if err := Run(ctx, cfg, &stdout); err != nil {
+		t.Fatalf("bench: %v\nstdout:\n%s\nstderr:\n%s", err, &stdout, &stderr)
+	}
+	out := stdout.String()
+	t.Logf("\n%s", out)
+	var rows []string
+	for _, line := range strings.Split(out, "\n") {
+		if strings.HasPrefix(line, "| ") && !strings.HasPrefix(line, "| scenario ") {
+			rows = append(rows, line)
+			if cells := strings.Count(line, " | ") + 1; cells != 5 {
+				t.Errorf("row with %d cells, want 5: %s", cells, line)
+			}
+			if strings.Contains(line, "failed:") || strings.Contains(line, "no samples") {
+				t.Errorf("row without a measurement: %s", line)
+			}
+		}
+	}
+	// Scenario 5 has two rows per size; 7 has three, and one for the CPU
+	// where it can be measured; 9 has four, and three for the CPU and
+	// memory where they can be measured; 10 has five for its size and,
+	// the naive plan running at another size, five more for that one.
+	want := map[string]int{"1.": 1, "1b.": 1, "2.": 1, "3.": 1, "3b.": 1, "4.": 1, "4b.": 1, "5.": 2 * len(benchTiny.scaleSizes), "6.": 1, "7.": 3, "8.": 1, "9.": 4,
+		"10.": 5, "10b.": 5}
+	got := map[string]int{}
+	for _, r := range rows {
+		got[strings.Fields(r)[1]]++
+	}
+	for s, n := range want {
+		if got[s] < n {
+			t.Errorf("%d rows for scenario %s, want %d", got[s], s, n)
+		}
+	}
+	if !strings.Contains(out, "| scenario | coord | plain etcd | ratio | limit |") {
+		t.Error("no table header")
+	}
+	if !strings.Contains(stderr.String(), "scenario 10: done") {
+		t.Errorf("no progress on stderr:\n%s", &stderr)
+	}
+}
+
+func TestBenchPercentile(t *testing.T) {
+	var s []time.Duration
+	for i := 1; i <= 100; i++ {
+		s = append(s, time.Duration(i))
+	}
+	for _, c := range []struct {
+		p    float64
+		want time.Duration
+	}{{50, 50}, {99, 99}, {100, 100}, {1, 1}, {0, 1}} {
+		if got := benchPct(s, c.p); got != c.want {
+			t.Errorf("p%v = %v, want %v", c.p, got, c.want)
+		}
+	}
+	if got := benchPct(s[:20], 99); got != 20 {
+		t.Errorf("p99 of 20 samples = %v, want the largest", got)
+	}
+	if got := benchPct(nil, 50); got != 0 {
+		t.Errorf("p50 of nothing = %v", got)
+	}
+}

@@ -1,0 +1,3 @@
+module coordci/report
+
+go 1.22

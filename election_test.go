@@ -8,10 +8,10 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
@@ -77,24 +77,7 @@ func etCampaignAsync(ctx context.Context, e *Election, id string) <-chan etResul
 // it does not return within patience.
 func etWait(t *testing.T, ch <-chan etResult) etResult {
 	t.Helper()
-	select {
-	case r := <-ch:
-		return r
-	case <-time.After(patience()):
-		t.Fatal("Campaign did not return before the deadline")
-	}
-	return etResult{}
-}
-
-// etCands returns the candidates of etKey, oldest first.
-func etCands(t *testing.T, cli *clientv3.Client) []*mvccpb.KeyValue {
-	t.Helper()
-	resp, err := cli.Get(testCtx(t), etPrefix, clientv3.WithPrefix(),
-		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
-	if err != nil {
-		t.Fatalf("get candidates: %v", err)
-	}
-	return resp.Kvs
+	return receive(t, ch, "Campaign")
 }
 
 // etWaitCount waits, watching, until n keys match key with opts (e.g.
@@ -117,6 +100,52 @@ func etWaitCount(t *testing.T, cli *clientv3.Client, key string, n int64, opts .
 			t.Fatalf("%d keys at %q, want %d", resp.Count, key, n)
 		}
 	}
+}
+
+// etRivals starts two elections of etKey, on two clients of one etcd,
+// and makes a the leader.
+func etRivals(t *testing.T) (srv *coordtest.Server, cli *clientv3.Client, a, b *Election) {
+	t.Helper()
+	srv, cli = newEtcd(t)
+	a = etElection(t, cli, ElectionOptions{})
+	b = etElection(t, srv.NewClient(t), ElectionOptions{})
+	etCampaign(t, a, "a")
+	return srv, cli, a, b
+}
+
+// etQueue starts b's Campaign in ctx and waits until its candidate key is
+// in line behind the leader's.
+func etQueue(t *testing.T, ctx context.Context, cli *clientv3.Client, b *Election) <-chan etResult {
+	t.Helper()
+	res := etCampaignAsync(ctx, b, "b")
+	etWaitCount(t, cli, etPrefix, 2, clientv3.WithPrefix())
+	return res
+}
+
+// etWantCands fails the test unless etKey has n candidates.
+func etWantCands(t *testing.T, cli *clientv3.Client, n int) {
+	t.Helper()
+	if got := len(candidates(t, cli, etPrefix)); got != n {
+		t.Fatalf("%d candidates, want %d", got, n)
+	}
+}
+
+// etLeadUnheard makes an election lead as "a" on a client that, when it
+// next sends a Txn, first has another client delete the leader key: e
+// acts on a deletion it has not heard of yet. It returns the other client.
+func etLeadUnheard(t *testing.T) (cli *clientv3.Client, e *Election) {
+	t.Helper()
+	srv, cli := newEtcd(t)
+	hcli, hooks := etHookedClient(t, srv.ClientConfig())
+	e = etElection(t, hcli, ElectionOptions{})
+	etCampaign(t, e, "a")
+	key := e.current().key
+	hooks.on("/etcdserverpb.KV/Txn", func() {
+		if _, err := cli.Delete(context.Background(), key); err != nil {
+			t.Error(err)
+		}
+	})
+	return cli, e
 }
 
 // etTTL returns the remaining TTL of lease id in seconds, -1 once it is gone.
@@ -151,14 +180,6 @@ func etOpen(t *testing.T, c <-chan struct{}, what string) {
 	case <-c:
 		t.Fatalf("%s is closed", what)
 	default:
-	}
-}
-
-// etClosed fails the test unless c is closed within patience.
-func etClosed(t *testing.T, c <-chan struct{}, what string) {
-	t.Helper()
-	if !closedWithin(c) {
-		t.Fatalf("%s not closed before the deadline", what)
 	}
 }
 
@@ -209,19 +230,6 @@ func etGuarded(t *testing.T, cli *clientv3.Client, cmp clientv3.Cmp) bool {
 		t.Fatalf("guarded txn: %v", err)
 	}
 	return resp.Succeeded
-}
-
-// etUntil waits until cond holds, polling internal state that has no event
-// to wait on, failing the test after patience.
-func etUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(patience())
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not %s before the deadline", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 // etHooks runs a function when a client sends a given gRPC request, so
@@ -304,52 +312,6 @@ func etHookedClient(t *testing.T, cfg clientv3.Config) (*clientv3.Client, *etHoo
 	return c, h
 }
 
-// etRecorder is a slog.Handler that records messages, so that a test can
-// wait for something that has no other outward sign.
-type etRecorder struct {
-	mu     sync.Mutex
-	msgs   []string
-	notify chan struct{} // closed at the next record
-}
-
-func (r *etRecorder) Enabled(context.Context, slog.Level) bool { return true }
-func (r *etRecorder) WithAttrs([]slog.Attr) slog.Handler       { return r }
-func (r *etRecorder) WithGroup(string) slog.Handler            { return r }
-
-func (r *etRecorder) Handle(_ context.Context, rec slog.Record) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.msgs = append(r.msgs, rec.Message)
-	if r.notify != nil {
-		close(r.notify)
-		r.notify = nil
-	}
-	return nil
-}
-
-// wait waits until msg has been logged, failing the test after patience.
-func (r *etRecorder) wait(t *testing.T, msg string) {
-	t.Helper()
-	deadline := time.After(patience())
-	for {
-		r.mu.Lock()
-		if slices.Contains(r.msgs, msg) {
-			r.mu.Unlock()
-			return
-		}
-		if r.notify == nil {
-			r.notify = make(chan struct{})
-		}
-		c := r.notify
-		r.mu.Unlock()
-		select {
-		case <-c:
-		case <-deadline:
-			t.Fatalf("%q not logged before the deadline", msg)
-		}
-	}
-}
-
 func TestElectionCampaign(t *testing.T) {
 	t.Run("Campaign makes us leader and Leader returns our identity", func(t *testing.T) {
 		_, cli := newEtcd(t)
@@ -371,7 +333,7 @@ func TestElectionCampaign(t *testing.T) {
 		}
 		// The wire format: <Key>/<lease hex>, on the session's lease,
 		// created at the revision given as token.
-		cands := etCands(t, cli)
+		cands := candidates(t, cli, etPrefix)
 		if len(cands) != 1 {
 			t.Fatalf("%d candidates, want 1", len(cands))
 		}
@@ -409,9 +371,7 @@ func TestElectionCampaign(t *testing.T) {
 			t.Fatalf("a new term began: token %d, was %d", e.Token(), token)
 		}
 		etOpen(t, done, "Done while leading")
-		if n := len(etCands(t, cli)); n != 1 {
-			t.Fatalf("%d candidates, want 1", n)
-		}
+		etWantCands(t, cli, 1)
 	})
 	t.Run("Proclaim changes the identity while leading and fails with ErrNotLeader otherwise", func(t *testing.T) {
 		srv, cli := newEtcd(t)
@@ -437,48 +397,38 @@ func TestElectionCampaign(t *testing.T) {
 		if err := e.Proclaim(ctx, "x"); !errors.Is(err, ErrNotLeader) {
 			t.Fatalf("Proclaim after Resign: %v, want ErrNotLeader", err)
 		}
-		if n := len(etCands(t, cli)); n != 0 {
-			t.Fatalf("%d candidates after Resign and Proclaims, want 0", n)
-		}
+		etWantCands(t, cli, 0)
 	})
 	t.Run("Proclaim racing a deletion it has not heard of yet returns ErrNotLeader", func(t *testing.T) {
-		srv, cli := newEtcd(t)
-		hcli, hooks := etHookedClient(t, srv.ClientConfig())
-		e := etElection(t, hcli, ElectionOptions{})
-		etCampaign(t, e, "a")
-		key := e.current().key
 		// Deleted after Proclaim checked that we lead, before its Txn.
-		hooks.on("/etcdserverpb.KV/Txn", func() {
-			if _, err := cli.Delete(context.Background(), key); err != nil {
-				t.Error(err)
-			}
-		})
+		cli, e := etLeadUnheard(t)
 		if err := e.Proclaim(testCtx(t), "b"); !errors.Is(err, ErrNotLeader) {
 			t.Fatalf("Proclaim: %v, want ErrNotLeader", err)
 		}
-		etClosed(t, e.Done(), "Done")
-		if n := len(etCands(t, cli)); n != 0 {
-			t.Fatalf("Proclaim wrote %d candidates", n)
-		}
+		waitClosed(t, e.Done(), "Done")
+		etWantCands(t, cli, 0)
 	})
 	t.Run("Campaign while leading on a key deleted unheard of campaigns anew", func(t *testing.T) {
-		srv, cli := newEtcd(t)
-		hcli, hooks := etHookedClient(t, srv.ClientConfig())
-		e := etElection(t, hcli, ElectionOptions{})
-		etCampaign(t, e, "a")
-		key, token, done := e.current().key, e.Token(), e.Done()
-		hooks.on("/etcdserverpb.KV/Txn", func() {
-			if _, err := cli.Delete(context.Background(), key); err != nil {
-				t.Error(err)
-			}
-		})
+		_, e := etLeadUnheard(t)
+		token, done := e.Token(), e.Done()
 		etCampaign(t, e, "b")
-		etClosed(t, done, "Done of the first term")
+		waitClosed(t, done, "Done of the first term")
 		if e.Token() <= token || !e.IsLeader() {
 			t.Fatalf("token %d (was %d), IsLeader %v", e.Token(), token, e.IsLeader())
 		}
 		if got, err := e.Leader(testCtx(t)); err != nil || got != "b" {
 			t.Fatalf("Leader = %q, %v; want b", got, err)
+		}
+	})
+	t.Run("Campaign while leading fails with the error etcd gives its Proclaim", func(t *testing.T) {
+		srv, _ := newEtcd(t)
+		hcli, hooks := etHookedClient(t, srv.ClientConfig())
+		e := etElection(t, hcli, ElectionOptions{})
+		etCampaign(t, e, "a")
+		hooks.onErr("/etcdserverpb.KV/Txn", func() error { return rpctypes.ErrGRPCPermissionDenied })
+		err := e.Campaign(testCtx(t), "b")
+		if !errors.Is(err, rpctypes.ErrPermissionDenied) || errors.Is(err, ErrNotLeader) {
+			t.Fatalf("Campaign: %v, want permission denied", err)
 		}
 	})
 	t.Run("Leader returns ErrNoLeader when nobody leads and the ctx's error when it ended", func(t *testing.T) {
@@ -494,14 +444,10 @@ func TestElectionCampaign(t *testing.T) {
 		}
 	})
 	t.Run("Campaign leaves no key behind when its ctx is canceled while it waits", func(t *testing.T) {
-		srv, cli := newEtcd(t)
-		a := etElection(t, cli, ElectionOptions{})
-		b := etElection(t, srv.NewClient(t), ElectionOptions{})
-		etCampaign(t, a, "a")
+		_, cli, a, b := etRivals(t)
 		ctx, cancel := context.WithCancel(testCtx(t))
-		res := etCampaignAsync(ctx, b, "b")
-		etWaitCount(t, cli, etPrefix, 2, clientv3.WithPrefix())
-		bKey := string(etCands(t, cli)[1].Key)
+		res := etQueue(t, ctx, cli, b)
+		bKey := string(candidates(t, cli, etPrefix)[1].Key)
 		cancel()
 		if r := etWait(t, res); !errors.Is(r.err, context.Canceled) {
 			t.Fatalf("Campaign: %v, want context.Canceled", r.err)
@@ -510,21 +456,39 @@ func TestElectionCampaign(t *testing.T) {
 		if b.IsLeader() || !a.IsLeader() {
 			t.Fatalf("IsLeader: a %v, b %v", a.IsLeader(), b.IsLeader())
 		}
-		if n := len(etCands(t, cli)); n != 1 {
-			t.Fatalf("%d candidates, want 1", n)
+		etWantCands(t, cli, 1)
+	})
+	t.Run("A waiting Campaign cut off from etcd returns as its ctx ends; its key is withdrawn once etcd answers", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		p := srv.NewProxy(t)
+		a := etElection(t, cli, ElectionOptions{})
+		b := etElection(t, p.NewClient(t), ElectionOptions{TTL: 10 * time.Second * scale})
+		t.Cleanup(p.Unblackhole) // before the elections close
+		etCampaign(t, a, "a")
+		ctx, cancel := context.WithCancel(testCtx(t))
+		defer cancel()
+		res := etCampaignAsync(ctx, b, "b")
+		etWaitCount(t, cli, etPrefix, 2, clientv3.WithPrefix())
+		p.Blackhole()
+		ended := time.Now()
+		cancel()
+		r := etWait(t, res)
+		if !errors.Is(r.err, context.Canceled) {
+			t.Fatalf("Campaign: %v, want Canceled", r.err)
 		}
+		if took := r.at.Sub(ended); took > 100*time.Millisecond*scale {
+			t.Fatalf("Campaign returned %v after its ctx ended, want at once (its key is withdrawn in the background)", took)
+		}
+		p.Unblackhole()
+		etWaitCount(t, cli, etPrefix, 1, clientv3.WithPrefix())
 	})
 	t.Run("A waiting Campaign whose session's lease is revoked queues again on a new session", func(t *testing.T) {
-		srv, cli := newEtcd(t)
-		a := etElection(t, cli, ElectionOptions{})
-		b := etElection(t, srv.NewClient(t), ElectionOptions{})
-		etCampaign(t, a, "a")
-		res := etCampaignAsync(testCtx(t), b, "b")
-		etWaitCount(t, cli, etPrefix, 2, clientv3.WithPrefix())
-		old := clientv3.LeaseID(etCands(t, cli)[1].Lease)
+		_, cli, a, b := etRivals(t)
+		res := etQueue(t, testCtx(t), cli, b)
+		old := clientv3.LeaseID(candidates(t, cli, etPrefix)[1].Lease)
 		etRevoke(t, cli, old)
-		etUntil(t, "queued again on a new lease", func() bool {
-			c := etCands(t, cli)
+		eventually(t, "queued again on a new lease", func() bool {
+			c := candidates(t, cli, etPrefix)
 			return len(c) == 2 && clientv3.LeaseID(c[1].Lease) != old
 		})
 		if err := a.Resign(testCtx(t)); err != nil {
@@ -533,27 +497,23 @@ func TestElectionCampaign(t *testing.T) {
 		if r := etWait(t, res); r.err != nil || !b.IsLeader() {
 			t.Fatalf("Campaign: %v, IsLeader %v", r.err, b.IsLeader())
 		}
-		if got := clientv3.LeaseID(etCands(t, cli)[0].Lease); got == old {
+		if got := clientv3.LeaseID(candidates(t, cli, etPrefix)[0].Lease); got == old {
 			t.Fatal("leads on the revoked lease")
 		}
 	})
 	t.Run("A waiting Campaign whose candidate key is deleted queues again", func(t *testing.T) {
-		srv, cli := newEtcd(t)
-		a := etElection(t, cli, ElectionOptions{})
-		b := etElection(t, srv.NewClient(t), ElectionOptions{})
-		etCampaign(t, a, "a")
-		res := etCampaignAsync(testCtx(t), b, "b")
-		etWaitCount(t, cli, etPrefix, 2, clientv3.WithPrefix())
-		first := etCands(t, cli)[1]
+		_, cli, a, b := etRivals(t)
+		res := etQueue(t, testCtx(t), cli, b)
+		first := candidates(t, cli, etPrefix)[1]
 		if _, err := cli.Delete(testCtx(t), string(first.Key)); err != nil {
 			t.Fatal(err)
 		}
-		etUntil(t, "queued again", func() bool {
-			c := etCands(t, cli)
+		eventually(t, "queued again", func() bool {
+			c := candidates(t, cli, etPrefix)
 			return len(c) == 2 && c[1].CreateRevision > first.CreateRevision
 		})
 		// The session was not harmed: b queued again on the same lease.
-		if got := clientv3.LeaseID(etCands(t, cli)[1].Lease); got != clientv3.LeaseID(first.Lease) {
+		if got := clientv3.LeaseID(candidates(t, cli, etPrefix)[1].Lease); got != clientv3.LeaseID(first.Lease) {
 			t.Fatalf("b queued on lease %x, want %x", int64(got), first.Lease)
 		}
 		if err := a.Resign(testCtx(t)); err != nil {
@@ -574,9 +534,9 @@ func TestElectionCampaign(t *testing.T) {
 		// Cut off once b waits, not while its put is on the way.
 		tap.wait(t, "coord: campaign waits for its turn", 1)
 		old := etSession(b)
-		bKey := string(etCands(t, cli)[1].Key)
+		bKey := string(candidates(t, cli, etPrefix)[1].Key)
 		p.Blackhole()
-		etClosed(t, old.ctx.Done(), "the cut-off session")
+		waitClosed(t, old.ctx.Done(), "the cut-off session")
 		select {
 		case r := <-res:
 			t.Fatalf("Campaign returned during the outage: %v", r.err)
@@ -585,7 +545,7 @@ func TestElectionCampaign(t *testing.T) {
 		p.Unblackhole()
 		// The old key goes with its lease; b queues again on a new one.
 		etWaitCount(t, cli, bKey, 0)
-		etUntil(t, "queued again", func() bool { return len(etCands(t, cli)) == 2 })
+		eventually(t, "queued again", func() bool { return len(candidates(t, cli, etPrefix)) == 2 })
 		if err := a.Resign(testCtx(t)); err != nil {
 			t.Fatal(err)
 		}
@@ -601,11 +561,11 @@ func TestElectionCampaign(t *testing.T) {
 		old := etSession(e)
 		etRevoke(t, cli, old.id)
 		etCampaign(t, e, "a")
-		lease := clientv3.LeaseID(etCands(t, cli)[0].Lease)
+		lease := clientv3.LeaseID(candidates(t, cli, etPrefix)[0].Lease)
 		if lease == old.id || lease != etSession(e).id {
 			t.Fatalf("leads on lease %x; old %x, session %x", int64(lease), int64(old.id), int64(etSession(e).id))
 		}
-		etClosed(t, old.ctx.Done(), "the old session")
+		waitClosed(t, old.ctx.Done(), "the old session")
 	})
 	t.Run("Campaign with an identity too large for etcd fails and leaves no key", func(t *testing.T) {
 		_, cli := newEtcd(t)
@@ -619,12 +579,10 @@ func TestElectionCampaign(t *testing.T) {
 		if e.IsLeader() {
 			t.Fatal("leads after a failed Campaign")
 		}
-		if n := len(etCands(t, cli)); n != 0 {
-			t.Fatalf("%d candidates, want 0", n)
-		}
+		etWantCands(t, cli, 0)
 		// Nothing was left to clean up: the session lives on.
 		etCampaign(t, e, "a")
-		if got := clientv3.LeaseID(etCands(t, cli)[0].Lease); got != lease {
+		if got := clientv3.LeaseID(candidates(t, cli, etPrefix)[0].Lease); got != lease {
 			t.Fatalf("leads on lease %x, want the first session's %x", int64(got), int64(lease))
 		}
 		if err := e.Proclaim(testCtx(t), big); err == nil {
@@ -655,18 +613,12 @@ func TestElectionCampaign(t *testing.T) {
 		if got, err := e.Leader(ctx); err != nil || got != "new" {
 			t.Fatalf("Leader = %q, %v; want new", got, err)
 		}
-		if n := len(etCands(t, cli)); n != 1 {
-			t.Fatalf("%d candidates, want 1", n)
-		}
+		etWantCands(t, cli, 1)
 	})
 	t.Run("TryCampaign, Proclaim and Resign do not wait for a pending Campaign; Resign withdraws it", func(t *testing.T) {
-		srv, cli := newEtcd(t)
-		a := etElection(t, cli, ElectionOptions{})
-		b := etElection(t, srv.NewClient(t), ElectionOptions{})
-		etCampaign(t, a, "a")
-		res := etCampaignAsync(testCtx(t), b, "b")
-		etWaitCount(t, cli, etPrefix, 2, clientv3.WithPrefix())
-		bKey := string(etCands(t, cli)[1].Key)
+		_, cli, a, b := etRivals(t)
+		res := etQueue(t, testCtx(t), cli, b)
+		bKey := string(candidates(t, cli, etPrefix)[1].Key)
 		ctx, cancel := context.WithTimeout(testCtx(t), time.Second*scale)
 		defer cancel()
 		if ok, err := b.TryCampaign(ctx, "b"); ok || err != nil {
@@ -692,8 +644,8 @@ func TestElectionCampaign(t *testing.T) {
 	t.Run("Campaign leaves no key behind when its put lands after its ctx ended", func(t *testing.T) {
 		srv, cli := newEtcd(t)
 		p := srv.NewProxy(t)
-		rec := &etRecorder{}
-		e := etElection(t, p.NewClient(t), ElectionOptions{Logger: slog.New(rec)})
+		tap, tapLog := newLogTap()
+		e := etElection(t, p.NewClient(t), ElectionOptions{Logger: tapLog})
 		old := etSession(e)
 		// Held traffic is delivered after Unpause: the put may land late.
 		p.Pause()
@@ -709,15 +661,13 @@ func TestElectionCampaign(t *testing.T) {
 			t.Fatalf("Campaign returned %v after it was called, its ctx was 200ms", took)
 		}
 		// It could not withdraw the key: it gave up the session instead.
-		etClosed(t, old.ctx.Done(), "the session")
+		waitClosed(t, old.ctx.Done(), "the session")
 		p.Unpause()
-		rec.wait(t, "coord: session released")
+		tap.wait(t, "coord: session released", 1)
 		if ttl := etTTL(t, cli, old.id); ttl != -1 {
 			t.Fatalf("old lease TTL %d, want -1 (revoked)", ttl)
 		}
-		if n := len(etCands(t, cli)); n != 0 {
-			t.Fatalf("%d candidates, want 0", n)
-		}
+		etWantCands(t, cli, 0)
 		etCampaign(t, e, "a")
 	})
 }
@@ -735,10 +685,7 @@ func TestElectionTryCampaign(t *testing.T) {
 		}
 	})
 	t.Run("TryCampaign returns false at once when another leads and leaves no key", func(t *testing.T) {
-		srv, cli := newEtcd(t)
-		a := etElection(t, cli, ElectionOptions{})
-		b := etElection(t, srv.NewClient(t), ElectionOptions{})
-		etCampaign(t, a, "a")
+		_, cli, a, b := etRivals(t)
 		// A TryCampaign that waited would run into this deadline.
 		ctx, cancel := context.WithTimeout(testCtx(t), 2*time.Second*scale)
 		defer cancel()
@@ -749,7 +696,7 @@ func TestElectionTryCampaign(t *testing.T) {
 		if b.IsLeader() || b.Token() != 0 {
 			t.Fatal("b leads")
 		}
-		cands := etCands(t, cli)
+		cands := candidates(t, cli, etPrefix)
 		if len(cands) != 1 || clientv3.LeaseID(cands[0].Lease) != etSession(a).id {
 			t.Fatalf("candidates %v, want only a's", cands)
 		}
@@ -775,13 +722,12 @@ func TestElectionResign(t *testing.T) {
 		b := etElection(t, srv.NewClient(t), ElectionOptions{})
 		etCampaign(t, a, "a")
 		token := a.Token()
-		res := etCampaignAsync(ctx, b, "b")
-		etWaitCount(t, cli, etPrefix, 2, clientv3.WithPrefix())
+		res := etQueue(t, ctx, cli, b)
 		done := a.Done()
 		if err := a.Resign(ctx); err != nil {
 			t.Fatalf("Resign: %v", err)
 		}
-		etClosed(t, done, "Done after Resign")
+		waitClosed(t, done, "Done after Resign")
 		if a.IsLeader() || a.Token() != 0 {
 			t.Fatalf("after Resign: IsLeader %v, Token %d", a.IsLeader(), a.Token())
 		}
@@ -807,9 +753,7 @@ func TestElectionResign(t *testing.T) {
 				t.Fatalf("Resign #%d: %v", i+1, err)
 			}
 		}
-		if n := len(etCands(t, cli)); n != 0 {
-			t.Fatalf("%d candidates, want 0", n)
-		}
+		etWantCands(t, cli, 0)
 	})
 	t.Run("Resign that cannot reach etcd ends our leadership at once; the key goes with the session once etcd answers", func(t *testing.T) {
 		srv, cli := newEtcd(t)
@@ -827,11 +771,11 @@ func TestElectionResign(t *testing.T) {
 		if took := time.Since(start); took > 200*time.Millisecond+100*time.Millisecond*scale {
 			t.Fatalf("Resign returned %v after it was called, its ctx was 200ms", took)
 		}
-		etClosed(t, done, "Done")
+		waitClosed(t, done, "Done")
 		if e.IsLeader() || !errors.Is(e.Err(), ErrResigned) {
 			t.Fatalf("after Resign: IsLeader %v, Err %v", e.IsLeader(), e.Err())
 		}
-		etClosed(t, sess.ctx.Done(), "the session")
+		waitClosed(t, sess.ctx.Done(), "the session")
 		p.Unblackhole()
 		etWaitCount(t, cli, key, 0)
 	})
@@ -901,7 +845,7 @@ func TestElectionDone(t *testing.T) {
 	t.Run("Done is closed when we do not lead", func(t *testing.T) {
 		_, cli := newEtcd(t)
 		e := etElection(t, cli, ElectionOptions{})
-		etClosed(t, e.Done(), "Done before campaigning")
+		waitClosed(t, e.Done(), "Done before campaigning")
 	})
 	t.Run("Done closes when someone else deletes the leader key", func(t *testing.T) {
 		_, cli := newEtcd(t)
@@ -911,7 +855,7 @@ func TestElectionDone(t *testing.T) {
 		if _, err := cli.Delete(testCtx(t), etPrefix, clientv3.WithPrefix()); err != nil {
 			t.Fatal(err)
 		}
-		etClosed(t, done, "Done")
+		waitClosed(t, done, "Done")
 		if e.IsLeader() || e.Token() != 0 {
 			t.Fatalf("IsLeader %v, Token %d after the key was deleted", e.IsLeader(), e.Token())
 		}
@@ -927,7 +871,7 @@ func TestElectionDone(t *testing.T) {
 		etCampaign(t, e, "a")
 		old, done := etSession(e).id, e.Done()
 		etRevoke(t, other, old)
-		etClosed(t, done, "Done")
+		waitClosed(t, done, "Done")
 		if e.IsLeader() {
 			t.Fatal("leads after its lease was revoked")
 		}
@@ -950,12 +894,11 @@ func TestElectionStepDown(t *testing.T) {
 		b := etElection(t, cli, ElectionOptions{TTL: ttl})
 		etCampaign(t, a, "a")
 		l := a.current()
-		res := etCampaignAsync(testCtx(t), b, "b")
-		etWaitCount(t, cli, etPrefix, 2, clientv3.WithPrefix())
+		res := etQueue(t, testCtx(t), cli, b)
 		done := a.Done()
 		cut := time.Now()
 		p.Blackhole()
-		etClosed(t, done, "Done of the leader cut off")
+		waitClosed(t, done, "Done of the leader cut off")
 		stepped := time.Now()
 		r := etWait(t, res)
 		if r.err != nil {
@@ -996,7 +939,7 @@ func TestElectionStepDown(t *testing.T) {
 		etCampaign(t, a, "a")
 		l := a.current()
 		p.Blackhole()
-		etClosed(t, a.Done(), "Done of the leader cut off")
+		waitClosed(t, a.Done(), "Done of the leader cut off")
 		stepped := time.Now()
 		p.Unblackhole()
 		etWaitCount(t, cli, l.key, 0)
@@ -1028,7 +971,7 @@ func TestElectionTokens(t *testing.T) {
 			if got, err := e.Leader(ctx); err != nil || got != e.identity {
 				t.Fatalf("Leader = %q, %v; want %s", got, err, e.identity)
 			}
-			if kv := etCands(t, cli)[0]; kv.CreateRevision != e.Token() {
+			if kv := candidates(t, cli, etPrefix)[0]; kv.CreateRevision != e.Token() {
 				t.Fatalf("token %d, leader key created at %d", e.Token(), kv.CreateRevision)
 			}
 			tokens = append(tokens, e.Token())
@@ -1109,7 +1052,7 @@ func TestElectionGuard(t *testing.T) {
 		if etGuarded(t, cli, g) {
 			t.Fatal("guarded Txn succeeded after the leader key was deleted")
 		}
-		etClosed(t, e.Done(), "Done")
+		waitClosed(t, e.Done(), "Done")
 		if etGuarded(t, cli, e.Guard()) {
 			t.Fatal("Guard holds after leadership ended")
 		}
@@ -1184,13 +1127,9 @@ func TestElectionInterop(t *testing.T) {
 
 func TestElectionClose(t *testing.T) {
 	t.Run("Close is idempotent, resigns and releases the session", func(t *testing.T) {
-		srv, cli := newEtcd(t)
-		a := etElection(t, cli, ElectionOptions{})
-		b := etElection(t, srv.NewClient(t), ElectionOptions{})
-		etCampaign(t, a, "a")
+		_, cli, a, b := etRivals(t)
 		l, done := a.current(), a.Done()
-		res := etCampaignAsync(testCtx(t), b, "b")
-		etWaitCount(t, cli, etPrefix, 2, clientv3.WithPrefix())
+		res := etQueue(t, testCtx(t), cli, b)
 		for i := 0; i < 2; i++ {
 			if err := a.Close(); err != nil {
 				t.Fatalf("Close #%d: %v", i+1, err)
@@ -1203,7 +1142,7 @@ func TestElectionClose(t *testing.T) {
 		if resp, err := cli.Get(testCtx(t), l.key); err != nil || len(resp.Kvs) != 0 {
 			t.Fatalf("leader key after Close: %v, %v", resp, err)
 		}
-		etClosed(t, done, "Done")
+		waitClosed(t, done, "Done")
 		if a.IsLeader() {
 			t.Fatal("leads after Close")
 		}
@@ -1212,21 +1151,15 @@ func TestElectionClose(t *testing.T) {
 		}
 	})
 	t.Run("A Campaign waiting on a closed election returns ErrClosed and leaves no key", func(t *testing.T) {
-		srv, cli := newEtcd(t)
-		a := etElection(t, cli, ElectionOptions{})
-		b := etElection(t, srv.NewClient(t), ElectionOptions{})
-		etCampaign(t, a, "a")
-		res := etCampaignAsync(testCtx(t), b, "b")
-		etWaitCount(t, cli, etPrefix, 2, clientv3.WithPrefix())
+		_, cli, _, b := etRivals(t)
+		res := etQueue(t, testCtx(t), cli, b)
 		if err := b.Close(); err != nil {
 			t.Fatal(err)
 		}
 		if r := etWait(t, res); !errors.Is(r.err, ErrClosed) {
 			t.Fatalf("Campaign: %v, want ErrClosed", r.err)
 		}
-		if n := len(etCands(t, cli)); n != 1 {
-			t.Fatalf("%d candidates, want 1", n)
-		}
+		etWantCands(t, cli, 1)
 	})
 	t.Run("methods after Close return ErrClosed", func(t *testing.T) {
 		_, cli := newEtcd(t)
@@ -1276,11 +1209,9 @@ func TestElectionClose(t *testing.T) {
 		if e.IsLeader() || e.Token() != 0 || etGuarded(t, cli, g) || etGuarded(t, cli, e.Guard()) {
 			t.Fatal("still leads after Close")
 		}
-		etClosed(t, e.Done(), "Done")
+		waitClosed(t, e.Done(), "Done")
 		etDrained(t, e.Observe(ctx))
-		if n := len(etCands(t, cli)); n != 0 {
-			t.Fatalf("%d candidates, want 0", n)
-		}
+		etWantCands(t, cli, 0)
 	})
 	t.Run("Close returns in about a TTL while a call is stuck on an unreachable etcd", func(t *testing.T) {
 		srv, _ := newEtcd(t)
@@ -1293,9 +1224,9 @@ func TestElectionClose(t *testing.T) {
 		p.Blackhole()
 		defer p.Unblackhole()
 		res := etCampaignAsync(context.Background(), e, "a")
-		etUntil(t, "campaigning", func() bool { return len(e.turn) == 1 })
+		eventually(t, "campaigning", func() bool { return len(e.turn) == 1 })
 		// Close while a renewal hangs too.
-		etClosed(t, renewing, "renewal")
+		waitClosed(t, renewing, "renewal")
 		start := time.Now()
 		if err := e.Close(); err != nil {
 			t.Fatal(err)
@@ -1318,14 +1249,13 @@ func TestElectionClose(t *testing.T) {
 		etCampaign(t, a, "a")
 		obs := a.Observe(testCtx(t))
 		etExpect(t, obs, "a")
-		res := etCampaignAsync(testCtx(t), b, "b")
-		etWaitCount(t, cli, etPrefix, 2, clientv3.WithPrefix())
+		res := etQueue(t, testCtx(t), cli, b)
 		done := a.Done()
 		mine.Close()
-		etClosed(t, done, "Done")
+		waitClosed(t, done, "Done")
 		// A session without leadership notices at its next renewal.
 		s := etSession(idle)
-		etClosed(t, s.ctx.Done(), "the idle election's session")
+		waitClosed(t, s.ctx.Done(), "the idle election's session")
 		if !errors.Is(s.Err(), ErrClientClosed) {
 			t.Fatalf("idle session ended: %v, want ErrClientClosed", s.Err())
 		}
@@ -1368,15 +1298,15 @@ func TestElectionBrokenWatch(t *testing.T) {
 	t.Run("A leader whose watch breaks checks its key and leads on", func(t *testing.T) {
 		srv, cli := newEtcd(t)
 		ctx := testCtx(t)
-		rec := &etRecorder{}
+		tap, tapLog := newLogTap()
 		// The session must not go stale while etcd restarts (slower
 		// under emulation): a TTL scaled with the suite's deadlines.
-		e := etElection(t, cli, ElectionOptions{TTL: 3 * time.Second * scale, Logger: slog.New(rec)})
+		e := etElection(t, cli, ElectionOptions{TTL: 3 * time.Second * scale, Logger: tapLog})
 		etCampaign(t, e, "a")
 		obs := e.Observe(ctx)
 		etExpect(t, obs, "a")
 		compactAndRestart(t, srv, cli)
-		rec.wait(t, "coord: leader watch broke, watching on")
+		tap.wait(t, "coord: leader watch broke, watching on", 1)
 		if !e.IsLeader() || !etGuarded(t, cli, e.Guard()) {
 			t.Fatal("stepped down although the leader key is there")
 		}
@@ -1389,7 +1319,7 @@ func TestElectionBrokenWatch(t *testing.T) {
 		if _, err := cli.Delete(ctx, e.current().key); err != nil {
 			t.Fatal(err)
 		}
-		etClosed(t, e.Done(), "Done")
+		waitClosed(t, e.Done(), "Done")
 		etExpect(t, obs, "")
 	})
 	t.Run("A leader whose key went while its watch was broken steps down", func(t *testing.T) {
@@ -1408,7 +1338,7 @@ func TestElectionBrokenWatch(t *testing.T) {
 		}
 		compact(t, srv, cli)
 		p.Unblackhole()
-		etClosed(t, done, "Done")
+		waitClosed(t, done, "Done")
 		if s.ctx.Err() != nil {
 			t.Fatalf("session ended (%v): the step-down was not the key's", s.Err())
 		}
@@ -1421,12 +1351,7 @@ func TestElectionPermissionDenied(t *testing.T) {
 		ctx := testCtx(t)
 		// The candidate's role covers candidate keys (lease ids in hex
 		// never start with 0) but not the whole prefix.
-		must := func(_ any, err error) {
-			t.Helper()
-			if err != nil {
-				t.Fatal(err)
-			}
-		}
+		must := mustOK(t)
 		must(cli.UserAdd(ctx, "root", "root"))
 		must(cli.UserGrantRole(ctx, "root", "root"))
 		must(cli.RoleAdd(ctx, "cand"))
@@ -1446,14 +1371,14 @@ func TestElectionPermissionDenied(t *testing.T) {
 			return c
 		}
 		root, cand := user("root"), user("cand")
-		rec := &etRecorder{}
-		e := etElection(t, cand, ElectionOptions{Logger: slog.New(rec)})
+		tap, tapLog := newLogTap()
+		e := etElection(t, cand, ElectionOptions{Logger: tapLog})
 
 		err := e.Campaign(ctx, "a")
 		if !errors.Is(err, rpctypes.ErrPermissionDenied) || errors.Is(err, ErrLeadershipLost) {
 			t.Fatalf("Campaign: %v, want permission denied", err)
 		}
-		if n := len(etCands(t, root)); n != 0 {
+		if n := len(candidates(t, root, etPrefix)); n != 0 {
 			t.Fatalf("%d candidates, want 0", n)
 		}
 		if _, err := e.Leader(ctx); !errors.Is(err, rpctypes.ErrPermissionDenied) {
@@ -1467,7 +1392,20 @@ func TestElectionPermissionDenied(t *testing.T) {
 		defer func() { lcancel(); etDrained(t, obs) }()
 		octx, ocancel := context.WithCancel(ctx)
 		short := e.Observe(octx)
-		rec.wait(t, "coord: observe: etcd refuses, retrying")
+		// Each observer warns of each refusal, and retries with backoff:
+		// of six warnings, one observer gave three at least, the third a
+		// first and a second delay after its first.
+		const refused = "coord: observe: etcd refuses, retrying"
+		tap.wait(t, refused, 6)
+		rs := tap.records(refused)
+		for _, r := range rs {
+			if r.Level != slog.LevelWarn {
+				t.Fatalf("%q logged at level %v, want WARN", refused, r.Level)
+			}
+		}
+		if span, least := rs[5].Time.Sub(rs[0].Time), minBackoff/2+minBackoff; span < least {
+			t.Fatalf("six refusals within %v, want at least %v apart (backoff)", span, least)
+		}
 		ocancel()
 		etDrained(t, short)
 		must(root.RoleGrantPermission(ctx, "cand", etPrefix, clientv3.GetPrefixRangeEnd(etPrefix),
@@ -1482,7 +1420,7 @@ func TestElectionPermissionDenied(t *testing.T) {
 		must(root.RoleRevokePermission(ctx, "cand", etPrefix, clientv3.GetPrefixRangeEnd(etPrefix)))
 		must(root.RoleRevokePermission(ctx, "cand", etPrefix+"1", clientv3.GetPrefixRangeEnd(etPrefix)))
 		srv.Restart() // existing watches keep their rights; resumed ones do not
-		etClosed(t, e.Done(), "Done of a leader refused its key")
+		waitClosed(t, e.Done(), "Done of a leader refused its key")
 		etWaitCount(t, root, key, 0)
 	})
 }
@@ -1551,12 +1489,17 @@ func TestElectionContract(t *testing.T) {
 		e := etElection(t, hcli, ElectionOptions{TTL: ttl})
 		old := etSession(e)
 		etRevoke(t, cli, old.id)
-		etClosed(t, old.ctx.Done(), "the revoked session")
+		waitClosed(t, old.ctx.Done(), "the revoked session")
 		// The next grant is held by the link for longer than 2/3 of the
 		// TTL, as in an outage, and the first renewal after it fails at
 		// once, as on a member that has no leader yet.
 		granting := make(chan time.Time, 1)
-		hooks.on("/etcdserverpb.Lease/LeaseGrant", func() { p.Pause(); granting <- time.Now() })
+		var regranted atomic.Bool // a second session: the late one was given up
+		hooks.on("/etcdserverpb.Lease/LeaseGrant", func() {
+			p.Pause()
+			granting <- time.Now()
+			hooks.on("/etcdserverpb.Lease/LeaseGrant", func() { regranted.Store(true) })
+		})
 		hooks.onErr("/etcdserverpb.Lease/LeaseKeepAlive", func() error { return rpctypes.ErrGRPCNoLeader })
 		res := etCampaignAsync(testCtx(t), e, "a")
 		sent := <-granting
@@ -1569,10 +1512,13 @@ func TestElectionContract(t *testing.T) {
 		if l == nil {
 			t.Fatal("Campaign returned nil but we do not lead")
 		}
-		etUntil(t, "a renewal answered", func() bool { return l.sess.k.lastAnswer().After(sent) })
+		eventually(t, "a renewal answered", func() bool { return l.sess.k.lastAnswer().After(sent) })
 		etOpen(t, l.ctx.Done(), "Done of the leadership on the late session")
 		if !e.IsLeader() || !etGuarded(t, cli, e.Guard()) {
 			t.Fatal("the leadership on the late session did not last")
+		}
+		if regranted.Load() {
+			t.Fatal("Campaign gave the late session up and led on another")
 		}
 	})
 	t.Run("A Campaign whose ctx ends while its late session awaits its first renewal returns at once and leaves no key", func(t *testing.T) {
@@ -1584,7 +1530,7 @@ func TestElectionContract(t *testing.T) {
 		e := etElection(t, hcli, ElectionOptions{TTL: ttl, Logger: log})
 		old := etSession(e)
 		etRevoke(t, cli, old.id)
-		etClosed(t, old.ctx.Done(), "the revoked session")
+		waitClosed(t, old.ctx.Done(), "the revoked session")
 		granting := make(chan time.Time, 1)
 		hooks.on("/etcdserverpb.Lease/LeaseGrant", func() { p.Pause(); granting <- time.Now() })
 		release := make(chan struct{})
@@ -1613,7 +1559,7 @@ func TestElectionContract(t *testing.T) {
 		e := etElection(t, p.NewClient(t), ElectionOptions{TTL: time.Second})
 		old := etSession(e)
 		etRevoke(t, cli, old.id)
-		etClosed(t, old.ctx.Done(), "the revoked session")
+		waitClosed(t, old.ctx.Done(), "the revoked session")
 		p.Blackhole()
 		defer p.Unblackhole()
 		for _, try := range []bool{true, false} {
@@ -1644,20 +1590,14 @@ func TestElectionContract(t *testing.T) {
 		if ok, err := e.TryCampaign(testCtx(t), "a"); ok || err == nil {
 			t.Fatalf("TryCampaign with its answer lost = %v, %v; want an error", ok, err)
 		}
-		if n := len(etCands(t, cli)); n != 0 {
-			t.Fatalf("%d candidates left, want 0", n)
-		}
+		etWantCands(t, cli, 0)
 		if s.ctx.Err() != nil || etSession(e) != s {
 			t.Fatalf("the session ended (%v): the key was not withdrawn by itself", s.Err())
 		}
 	})
 	t.Run("a second Campaign of one Election waits for the first, within its own ctx", func(t *testing.T) {
-		srv, cli := newEtcd(t)
-		a := etElection(t, cli, ElectionOptions{})
-		b := etElection(t, srv.NewClient(t), ElectionOptions{})
-		etCampaign(t, a, "a")
-		res := etCampaignAsync(testCtx(t), b, "b")
-		etWaitCount(t, cli, etPrefix, 2, clientv3.WithPrefix())
+		_, cli, a, b := etRivals(t)
+		res := etQueue(t, testCtx(t), cli, b)
 		ctx, cancel := context.WithTimeout(testCtx(t), 200*time.Millisecond)
 		defer cancel()
 		start := time.Now()
@@ -1680,7 +1620,7 @@ func TestElectionContract(t *testing.T) {
 		e := etElection(t, hcli, ElectionOptions{})
 		old := etSession(e)
 		etRevoke(t, cli, old.id)
-		etClosed(t, old.ctx.Done(), "the revoked session")
+		waitClosed(t, old.ctx.Done(), "the revoked session")
 		ctx, cancel := context.WithCancel(testCtx(t))
 		defer cancel()
 		// etcd refuses the grant for now (retried after a backoff of at
@@ -1705,7 +1645,7 @@ func TestElectionContract(t *testing.T) {
 			t.Fatalf("Err while leading: %v", e.Err())
 		}
 		etRevoke(t, cli, etSession(e).id)
-		etClosed(t, e.Done(), "Done")
+		waitClosed(t, e.Done(), "Done")
 		if err := e.Err(); !errors.Is(err, ErrLeadershipLost) {
 			t.Fatalf("Err after the lease was revoked: %v, want ErrLeadershipLost", err)
 		}

@@ -57,7 +57,7 @@ func TestFaultHostCutOff(t *testing.T) {
 		if up.Synthetic {
 			t.Fatal("Up after the heal should be a live event")
 		}
-		eventually(t, func() bool { return h.LeaseID() != old })
+		eventually(t, "a new lease", func() bool { return h.LeaseID() != old })
 		select {
 		case <-h.Done():
 			t.Fatalf("registration ended: %v", h.Err())
@@ -88,7 +88,7 @@ func TestFaultHostCutOff(t *testing.T) {
 		p.Unblackhole()
 		srv.Restart()
 		kv := waitKey(t, cli, h.Key(), heldByOtherThan(old))
-		eventually(t, func() bool { return clientv3.LeaseID(kv.Lease) == h.LeaseID() })
+		eventually(t, "LeaseID to be the key's lease", func() bool { return clientv3.LeaseID(kv.Lease) == h.LeaseID() })
 		if tap.count("coord: host registration lost, healing") != 1 {
 			t.Fatal("expected exactly one heal")
 		}
@@ -154,7 +154,7 @@ func TestFaultAccessControl(t *testing.T) {
 		root := login("root")
 		ctx := testCtx(t)
 		tap, log := newLogTap()
-		defer tap.dump(t)
+		tap.dumpOnFailure(t)
 		h := register(t, login("agent"), "c", LivenessOptions{Logger: log})
 		if _, err := root.RoleRevokePermission(ctx, "agent", "/coord/", clientv3.GetPrefixRangeEnd("/coord/")); err != nil {
 			t.Fatal(err)
@@ -203,8 +203,9 @@ func TestFaultHealWithoutQuorum(t *testing.T) {
 		c := coordtest.NewCluster(t, 3)
 		m := c.Members()[0]
 		tap, log := newLogTap()
-		defer tap.dump(t)
-		h := register(t, m.NewClient(t), "a", LivenessOptions{TTL: time.Second, Logger: log})
+		tap.dumpOnFailure(t)
+		sig := &signals{}
+		h := register(t, m.NewClient(t), "a", LivenessOptions{TTL: time.Second, Logger: log, OnSignal: sig.hook})
 		old := h.LeaseID()
 		// Hold the heal at the write slot (as an Update in flight does),
 		// cut the host's member off from the others, then let the heal
@@ -216,17 +217,17 @@ func TestFaultHealWithoutQuorum(t *testing.T) {
 		tap.wait(t, "coord: host registration lost, healing", 1)
 		m.Isolate()
 		leaderless := m.NewClient(t)
-		eventually(t, func() bool {
+		eventually(t, "the member to refuse without a leader", func() bool {
 			ctx, cancel := context.WithTimeout(testCtx(t), 200*time.Millisecond)
 			defer cancel()
 			_, err := leaderless.Get(ctx, "x")
 			return err != nil
 		})
 		<-h.writes
-		tap.wait(t, "coord: heal attempt failed", 1)
+		sig.waitFor(t, SignalHealAttempt, 1)
 		m.Heal()
 		kv := waitKey(t, c.Client(), h.Key(), heldByOtherThan(old))
-		eventually(t, func() bool { return clientv3.LeaseID(kv.Lease) == h.LeaseID() })
+		eventually(t, "LeaseID to be the key's lease", func() bool { return clientv3.LeaseID(kv.Lease) == h.LeaseID() })
 	})
 }
 
@@ -251,7 +252,7 @@ func TestFaultLaggingConsumer(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer w.Close()
-		eventually(t, func() bool { return len(w.Hosts()) == 3 }) // listed
+		eventually(t, "the listed hosts in Hosts", func() bool { return len(w.Hosts()) == 3 })
 		// The consumer reads nothing while, in two transactions, a is
 		// updated twice, twenty hosts come and go, b goes and d comes; then
 		// history is compacted. Each transaction is one watch response:
@@ -277,7 +278,7 @@ func TestFaultLaggingConsumer(t *testing.T) {
 		}
 		srv.Compact(ctx)
 		tap.wait(t, "coord: consumer behind, sending differences", 1)
-		eventually(t, func() bool { return len(w.Hosts()) == 3 && w.Hosts()[0].Version == "2" })
+		eventually(t, "the update in Hosts", func() bool { return len(w.Hosts()) == 3 && w.Hosts()[0].Version == "2" })
 
 		replica := map[string]HostMetadata{}
 		var got []string
@@ -346,7 +347,7 @@ func fcCountingClient(t *testing.T, cfg clientv3.Config) (*clientv3.Client, *ato
 // fcRenewed waits until every keeper has had a renewal answered after since.
 func fcRenewed(t *testing.T, since time.Time, ks ...*keeper) {
 	t.Helper()
-	etUntil(t, "renewals answered", func() bool {
+	eventually(t, "renewals answered", func() bool {
 		for _, k := range ks {
 			if !k.lastAnswer().After(since) {
 				return false
@@ -397,7 +398,7 @@ func TestFaultRenewalStream(t *testing.T) {
 		last := l.sess.k.lastAnswer()
 		fcRenewed(t, last, l.sess.k)
 		px.Blackhole()
-		etUntil(t, "a renewal sent into the cut", func() bool { return time.Since(l.sess.k.lastAnswer()) > ttl/3+ttl/10 })
+		eventually(t, "a renewal sent into the cut", func() bool { return time.Since(l.sess.k.lastAnswer()) > ttl/3+ttl/10 })
 		px.Unblackhole()
 		cut := time.Now()
 		fcRenewed(t, cut, l.sess.k)

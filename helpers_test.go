@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/go-coord/coord/coordtest"
@@ -103,13 +104,45 @@ func quiet(t *testing.T, cli *clientv3.Client, w *HostWatcher, prefix string) {
 	expect(t, w, HostDown, id)
 }
 
-// closed reports whether c is closed within patience.
+// receive returns the next value sent on c, failing the test after
+// patience.
+func receive[T any](t *testing.T, c <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-c:
+		return v
+	case <-time.After(patience()):
+		t.Fatalf("%s: nothing before the deadline", what)
+	}
+	var zero T
+	return zero
+}
+
+// isClosed reports whether c is closed now.
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// closedWithin reports whether c is closed within patience.
 func closedWithin(c <-chan struct{}) bool {
 	select {
 	case <-c:
 		return true
 	case <-time.After(patience()):
 		return false
+	}
+}
+
+// waitClosed fails the test unless c is closed within patience.
+func waitClosed(t *testing.T, c <-chan struct{}, what string) {
+	t.Helper()
+	if !closedWithin(c) {
+		t.Fatalf("%s not closed before the deadline", what)
 	}
 }
 
@@ -123,14 +156,43 @@ func keyCount(t *testing.T, cli *clientv3.Client, prefix string) int64 {
 	return resp.Count
 }
 
+// truth reads the hosts etcd holds under prefix, as a watcher should see
+// them.
+func truth(t *testing.T, cli *clientv3.Client, prefix string) map[string]HostMetadata {
+	t.Helper()
+	resp, err := cli.Get(testCtx(t), prefix, clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]HostMetadata{}
+	for _, kv := range resp.Kvs {
+		if m, err := decodeHost(prefix, kv.Key, kv.Value); err == nil {
+			out[m.HostUUID] = m
+		}
+	}
+	return out
+}
+
+// candidates returns the keys under prefix (an election's candidates),
+// oldest first.
+func candidates(t *testing.T, cli *clientv3.Client, prefix string) []*mvccpb.KeyValue {
+	t.Helper()
+	resp, err := cli.Get(testCtx(t), prefix, clientv3.WithPrefix(),
+		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+	if err != nil {
+		t.Fatalf("get candidates: %v", err)
+	}
+	return resp.Kvs
+}
+
 // eventually waits, up to patience, until cond holds; for state that no
 // event announces (a field set just after etcd was written).
-func eventually(t *testing.T, cond func() bool) {
+func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(patience())
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatal("condition not met before the deadline")
+			t.Fatalf("still waiting for %s at the deadline", what)
 		}
 		time.Sleep(time.Millisecond)
 	}
@@ -212,6 +274,141 @@ func (l *logTap) wait(t *testing.T, msg string, n int) {
 	}
 }
 
+// records returns the records that carry msg, in order.
+func (l *logTap) records(msg string) []slog.Record {
+	root := l.root()
+	root.mu.Lock()
+	defer root.mu.Unlock()
+	var rs []slog.Record
+	for _, r := range root.recs {
+		if r.Message == msg {
+			rs = append(rs, r)
+		}
+	}
+	return rs
+}
+
+// has reports whether a record carries msg and, unless key is "", the
+// attribute key=key.
+func (l *logTap) has(msg, key string) bool {
+	root := l.root()
+	root.mu.Lock()
+	defer root.mu.Unlock()
+	for _, r := range root.recs {
+		if r.Message != msg {
+			continue
+		}
+		found := key == ""
+		r.Attrs(func(a slog.Attr) bool {
+			found = found || a.Key == "key" && a.Value.String() == key
+			return !found
+		})
+		if found {
+			return true
+		}
+	}
+	return false
+}
+
+// timeOf returns when the first record carrying msg was logged after t0,
+// the zero time if none was.
+func (l *logTap) timeOf(msg string, t0 time.Time) time.Time {
+	root := l.root()
+	root.mu.Lock()
+	defer root.mu.Unlock()
+	for _, r := range root.recs {
+		if r.Message == msg && r.Time.After(t0) {
+			return r.Time
+		}
+	}
+	return time.Time{}
+}
+
+// lines returns every record, one line each: time, level, message and
+// attributes.
+func (l *logTap) lines() []string {
+	root := l.root()
+	root.mu.Lock()
+	defer root.mu.Unlock()
+	var out []string
+	for _, r := range root.recs {
+		var b strings.Builder
+		fmt.Fprintf(&b, "%s %s %s", r.Time.Format("15:04:05.000"), r.Level, r.Message)
+		r.Attrs(func(a slog.Attr) bool { fmt.Fprintf(&b, " %s=%v", a.Key, a.Value); return true })
+		out = append(out, b.String())
+	}
+	return out
+}
+
+// text returns every record, one line each.
+func (l *logTap) text() string { return strings.Join(l.lines(), "\n") }
+
+// dumpOnFailure logs every record of the tap into the test log if the
+// test fails.
+func (l *logTap) dumpOnFailure(t *testing.T) {
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		for _, line := range l.lines() {
+			t.Log(line)
+		}
+	})
+}
+
+// signals collects what an OnSignal hook receives.
+type signals struct {
+	mu  sync.Mutex
+	got []Signal
+}
+
+func (s *signals) hook(sig Signal) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.got = append(s.got, sig)
+}
+
+// kinds returns the kinds received so far, in order.
+func (s *signals) kinds() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, sig := range s.got {
+		out = append(out, sig.Kind.String())
+	}
+	return out
+}
+
+// of returns the signals of kind received so far, in order.
+func (s *signals) of(kind SignalKind) []Signal {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.DeleteFunc(slices.Clone(s.got), func(sig Signal) bool { return sig.Kind != kind })
+}
+
+// waitFor waits until sig of kind has been received n times and returns the last.
+func (s *signals) waitFor(t *testing.T, kind SignalKind, n int) Signal {
+	t.Helper()
+	var got []Signal
+	eventually(t, fmt.Sprintf("%d× signal %v", n, kind), func() bool {
+		got = s.of(kind)
+		return len(got) >= n
+	})
+	return got[len(got)-1]
+}
+
+// mustOK returns a function that fails t on a non-nil error and ignores
+// the value, for calls made only for their effect:
+// must(cli.UserAdd(ctx, "root", "root")).
+func mustOK(t *testing.T) func(any, error) {
+	return func(_ any, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // enableAuth turns auth on in srv: a root user, and one user per entry of
 // grants (password = name) whose role may read and write the given
 // prefixes. It returns a function that opens a client logged in as a user.
@@ -219,12 +416,7 @@ func enableAuth(t *testing.T, srv *coordtest.Server, grants map[string][]string)
 	t.Helper()
 	ctx := testCtx(t)
 	cli := srv.Client()
-	must := func(_ any, err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	must := mustOK(t)
 	must(cli.UserAdd(ctx, "root", "root"))
 	must(cli.UserGrantRole(ctx, "root", "root"))
 	for user, prefixes := range grants {
@@ -245,17 +437,5 @@ func enableAuth(t *testing.T, srv *coordtest.Server, grants map[string][]string)
 		}
 		t.Cleanup(func() { c.Close() })
 		return c
-	}
-}
-
-// dump logs every record of the tap into the test log.
-func (l *logTap) dump(t *testing.T) {
-	root := l.root()
-	root.mu.Lock()
-	defer root.mu.Unlock()
-	for _, r := range root.recs {
-		var b strings.Builder
-		r.Attrs(func(a slog.Attr) bool { fmt.Fprintf(&b, " %s=%v", a.Key, a.Value); return true })
-		t.Logf("%s %s%s", r.Level, r.Message, b.String())
 	}
 }

@@ -23,11 +23,7 @@ func TestRegisterHostLiveness(t *testing.T) {
 	t.Run("writes the metadata under the lease at the default prefix", func(t *testing.T) {
 		_, cli := newEtcd(t)
 		ctx := testCtx(t)
-		h, err := RegisterHostLiveness(ctx, cli, meta("a"), LivenessOptions{TTL: time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer h.Stop(ctx)
+		h := register(t, cli, "a", LivenessOptions{TTL: time.Second})
 		if h.Key() != HostsPrefix+"a" {
 			t.Fatalf("key %q", h.Key())
 		}
@@ -48,12 +44,7 @@ func TestRegisterHostLiveness(t *testing.T) {
 	})
 	t.Run("reports the granted TTL", func(t *testing.T) {
 		_, cli := newEtcd(t)
-		ctx := testCtx(t)
-		h, err := RegisterHostLiveness(ctx, cli, meta("a"), LivenessOptions{TTL: 3 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer h.Stop(ctx)
+		h := register(t, cli, "a", LivenessOptions{TTL: 3 * time.Second})
 		if h.TTL() != 3*time.Second {
 			t.Fatalf("TTL %v", h.TTL())
 		}
@@ -61,11 +52,7 @@ func TestRegisterHostLiveness(t *testing.T) {
 	t.Run("keeps the lease alive past its TTL", func(t *testing.T) {
 		_, cli := newEtcd(t)
 		ctx := testCtx(t)
-		h, err := RegisterHostLiveness(ctx, cli, meta("a"), LivenessOptions{TTL: time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer h.Stop(ctx)
+		h := register(t, cli, "a", LivenessOptions{TTL: time.Second})
 		// For three TTLs, the key must see no change at all.
 		resp, err := cli.Get(ctx, h.Key())
 		if err != nil {
@@ -315,7 +302,7 @@ func TestHostLivenessHeals(t *testing.T) {
 			t.Fatal(err)
 		}
 		kv := waitKey(t, cli, h.Key(), heldByOtherThan(old))
-		eventually(t, func() bool { return clientv3.LeaseID(kv.Lease) == h.LeaseID() })
+		eventually(t, "LeaseID to be the key's lease", func() bool { return clientv3.LeaseID(kv.Lease) == h.LeaseID() })
 		if decodeKV(t, kv).Hostname != "host-a" {
 			t.Fatal("metadata lost in the heal")
 		}
@@ -377,7 +364,7 @@ func TestHostLivenessHeals(t *testing.T) {
 			t.Fatal(err)
 		}
 		kv := waitKey(t, cli, h.Key(), heldByOtherThan(lease))
-		eventually(t, func() bool { return clientv3.LeaseID(kv.Lease) == h.LeaseID() })
+		eventually(t, "LeaseID to be the key's lease", func() bool { return clientv3.LeaseID(kv.Lease) == h.LeaseID() })
 	})
 }
 
@@ -605,26 +592,6 @@ func (k *hook) WithGroup(name string) slog.Handler {
 	return &c
 }
 
-// reach waits until c is closed, failing the test after patience.
-func reach(t *testing.T, c <-chan struct{}, what string) {
-	t.Helper()
-	if !closedWithin(c) {
-		t.Fatalf("%s not reached before the deadline", what)
-	}
-}
-
-// result returns what c delivers, failing the test after patience.
-func result(t *testing.T, c <-chan error) error {
-	t.Helper()
-	select {
-	case err := <-c:
-		return err
-	case <-time.After(patience()):
-		t.Fatal("no result before the deadline")
-	}
-	return nil
-}
-
 // healOnce deletes h's key and returns the key as the heal wrote it.
 func healOnce(t *testing.T, cli *clientv3.Client, h *HostLiveness) *mvccpb.KeyValue {
 	t.Helper()
@@ -633,7 +600,7 @@ func healOnce(t *testing.T, cli *clientv3.Client, h *HostLiveness) *mvccpb.KeyVa
 		t.Fatal(err)
 	}
 	kv := waitKey(t, cli, h.Key(), heldByOtherThan(old))
-	eventually(t, func() bool { return clientv3.LeaseID(kv.Lease) == h.LeaseID() })
+	eventually(t, "LeaseID to be the key's lease", func() bool { return clientv3.LeaseID(kv.Lease) == h.LeaseID() })
 	return kv
 }
 
@@ -820,7 +787,7 @@ func TestHostLivenessUpdateWrites(t *testing.T) {
 		if _, err := cli.Put(ctx, h.Key(), other, clientv3.WithLease(g.ID)); err != nil {
 			t.Fatal(err)
 		}
-		reach(t, reached, "end of the registration")
+		waitClosed(t, reached, "end of the registration")
 		m := meta("a")
 		m.Version = "2.0"
 		if err := h.Update(ctx, m); !errors.Is(err, ErrHostExists) {
@@ -843,7 +810,7 @@ func TestHostLivenessUpdateWrites(t *testing.T) {
 		if _, err := cli.Delete(ctx, h.Key()); err != nil {
 			t.Fatal(err)
 		}
-		reach(t, reached, "heal")
+		waitClosed(t, reached, "heal")
 		// With the heal held up, etcd cannot hold the update.
 		m := meta("a")
 		m.Version = "2.0"
@@ -856,7 +823,7 @@ func TestHostLivenessUpdateWrites(t *testing.T) {
 		updated := make(chan error, 1)
 		go func() { updated <- h.Update(ctx, m) }()
 		release()
-		if err := result(t, updated); err != nil {
+		if err := receive(t, updated, "Update"); err != nil {
 			t.Fatalf("Update: %v", err)
 		}
 		resp, err := cli.Get(ctx, h.Key())
@@ -877,17 +844,17 @@ func TestHostLivenessUpdateWrites(t *testing.T) {
 		if _, err := cli.Delete(ctx, h.Key()); err != nil {
 			t.Fatal(err)
 		}
-		reach(t, reached, "heal")
+		waitClosed(t, reached, "heal")
 		updated := make(chan error, 1)
 		go func() { updated <- h.Update(ctx, meta("a")) }()
 		tap.wait(t, "coord: host key not ours, waiting for the heal to write the update", 1)
 		stopped := make(chan error, 1)
 		go func() { stopped <- h.Stop(ctx) }()
-		if err := result(t, updated); !errors.Is(err, ErrClosed) {
+		if err := receive(t, updated, "Update"); !errors.Is(err, ErrClosed) {
 			t.Fatalf("Update: %v, want ErrClosed", err)
 		}
 		release()
-		if err := result(t, stopped); err != nil {
+		if err := receive(t, stopped, "Stop"); err != nil {
 			t.Fatalf("Stop: %v", err)
 		}
 	})

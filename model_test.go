@@ -698,7 +698,7 @@ func (m *model) converged() []string {
 		if d := mdDiff(w.name+" Hosts()", view, want); d != "" {
 			diffs = append(diffs, d)
 		}
-		if !mdClosed(w.w.Synced()) {
+		if !isClosed(w.w.Synced()) {
 			diffs = append(diffs, w.name+": Synced still open")
 		}
 	}
@@ -842,7 +842,7 @@ func (m *model) won(a *mdAgent, e *Election) {
 	defer m.mu.Unlock()
 	var over []*mdTerm
 	for _, t := range m.terms {
-		if t.end.IsZero() && mdClosed(t.done) {
+		if t.end.IsZero() && isClosed(t.done) {
 			over = append(over, t)
 		}
 	}
@@ -1490,15 +1490,6 @@ func mdMeta(ms ...HostMetadata) string {
 		s = append(s, fmt.Sprintf("%s{%s %s #%d}", h.HostUUID, h.Version, h.Labels["zone"], h.StartedAt))
 	}
 	return strings.Join(s, "|")
-}
-
-func mdClosed(c <-chan struct{}) bool {
-	select {
-	case <-c:
-		return true
-	default:
-		return false
-	}
 }
 
 // mdRing keeps the latest log records of the library, for a failure's

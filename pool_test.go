@@ -9,6 +9,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/go-coord/coord/coordtest"
 )
 
 // ptPool returns a pool on cli, closed at the end of the test.
@@ -52,6 +54,29 @@ func ptLeases(t *testing.T, cli *clientv3.Client) []clientv3.LeaseID {
 		ids = append(ids, l.ID)
 	}
 	return ids
+}
+
+// ptStuck returns a pool behind a proxy that swallows all traffic, and the
+// Campaign of its election a stuck making the pool's first session.
+func ptStuck(t *testing.T) (*coordtest.Proxy, *ElectionPool, *Election, <-chan etResult) {
+	t.Helper()
+	srv, _ := newEtcd(t)
+	px := srv.NewProxy(t)
+	p := ptPool(t, px.NewClient(t), PoolOptions{TTL: time.Second})
+	a := ptElection(t, p, etKey)
+	px.Blackhole()
+	t.Cleanup(px.Unblackhole)
+	res := etCampaignAsync(context.Background(), a, "a")
+	// TryLock: a pool that held its lock across the etcd call would
+	// otherwise hang the test instead of failing it.
+	eventually(t, "a session being made, with the pool's lock free", func() bool {
+		if !p.mu.TryLock() {
+			return false
+		}
+		defer p.mu.Unlock()
+		return p.growing != nil
+	})
+	return px, p, a, res
 }
 
 // ptKeys returns n election keys of the test.
@@ -102,8 +127,8 @@ func TestElectionPool(t *testing.T) {
 			t.Fatal("the first two elections should share a session, the third another")
 		}
 		etRevoke(t, srv.NewClient(t), lost.id)
-		etClosed(t, es[0].Done(), "Done of a leadership on the lost session")
-		etClosed(t, es[1].Done(), "Done of a leadership on the lost session")
+		waitClosed(t, es[0].Done(), "Done of a leadership on the lost session")
+		waitClosed(t, es[1].Done(), "Done of a leadership on the lost session")
 		for _, e := range es[:2] {
 			if !errors.Is(e.Err(), ErrLeadershipLost) {
 				t.Fatalf("Err: %v, want ErrLeadershipLost", e.Err())
@@ -146,7 +171,7 @@ func TestElectionPool(t *testing.T) {
 		if err := a.Close(); err != nil {
 			t.Fatal(err)
 		}
-		etClosed(t, done, "Done after Close")
+		waitClosed(t, done, "Done after Close")
 		if !errors.Is(a.Err(), ErrClosed) {
 			t.Fatalf("Err after Close: %v, want ErrClosed", a.Err())
 		}
@@ -162,7 +187,7 @@ func TestElectionPool(t *testing.T) {
 		etWaitCount(t, cli, etKey+"-b/", 1, clientv3.WithPrefix())
 		// Nothing of the released keys stays: no election, no session.
 		ptStats(t, p, PoolStats{TTL: 2 * time.Second})
-		etUntil(t, "the session released", func() bool { return len(ptLeases(t, cli)) == 1 })
+		eventually(t, "the session released", func() bool { return len(ptLeases(t, cli)) == 1 })
 		again := ptElection(t, p, etKey)
 		if again == a {
 			t.Fatal("the closed Election handed out again")
@@ -170,18 +195,7 @@ func TestElectionPool(t *testing.T) {
 		etCampaign(t, again, "")
 	})
 	t.Run("no call waits for another key's etcd traffic", func(t *testing.T) {
-		srv, _ := newEtcd(t)
-		px := srv.NewProxy(t)
-		p := ptPool(t, px.NewClient(t), PoolOptions{TTL: time.Second})
-		a := ptElection(t, p, etKey)
-		px.Blackhole()
-		defer px.Unblackhole()
-		res := etCampaignAsync(context.Background(), a, "a")
-		etUntil(t, "a session being made", func() bool {
-			p.mu.Lock()
-			defer p.mu.Unlock()
-			return p.growing != nil
-		})
+		px, p, a, res := ptStuck(t)
 		// Election and Stats need no etcd; a Campaign of another key
 		// waits for the session being made, within its own ctx.
 		ctx, cancel := context.WithTimeout(testCtx(t), 200*time.Millisecond)
@@ -210,18 +224,7 @@ func TestElectionPool(t *testing.T) {
 		ptStats(t, p, PoolStats{Elections: 2, Sessions: 1, Leading: 2, TTL: time.Second})
 	})
 	t.Run("Close cuts short a Campaign stuck making a session", func(t *testing.T) {
-		srv, _ := newEtcd(t)
-		px := srv.NewProxy(t)
-		p := ptPool(t, px.NewClient(t), PoolOptions{TTL: time.Second})
-		a := ptElection(t, p, etKey)
-		px.Blackhole()
-		defer px.Unblackhole()
-		res := etCampaignAsync(context.Background(), a, "a")
-		etUntil(t, "a session being made", func() bool {
-			p.mu.Lock()
-			defer p.mu.Unlock()
-			return p.growing != nil
-		})
+		_, p, _, res := ptStuck(t)
 		start := time.Now()
 		if err := p.Close(); err != nil {
 			t.Fatal(err)
@@ -249,7 +252,7 @@ func TestElectionPool(t *testing.T) {
 		if took := time.Since(start); took > ttl+100*time.Millisecond*scale {
 			t.Fatalf("Close took %v, want about the TTL %v at most", took, ttl)
 		}
-		etClosed(t, s.ctx.Done(), "the shared session")
+		waitClosed(t, s.ctx.Done(), "the shared session")
 		px.Unblackhole()
 		etWaitCount(t, cli, key, 0)
 	})
@@ -276,7 +279,7 @@ func TestElectionPool(t *testing.T) {
 		if n := keyCount(t, cli, etKey+"-b/"); n != 0 {
 			t.Fatalf("%d keys left under %s-b/", n, etKey)
 		}
-		etClosed(t, done, "Done")
+		waitClosed(t, done, "Done")
 		if r := etWait(t, res); r.err != nil || !waiter.IsLeader() {
 			t.Fatalf("waiter: %v", r.err)
 		}

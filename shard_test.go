@@ -17,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -133,6 +132,18 @@ func (l *shLedger) until(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// held returns the {host, shard} pairs whose last signal was an
+// acquisition.
+func (l *shLedger) held() map[[2]string]bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := map[[2]string]bool{}
+	for _, ev := range l.events {
+		out[[2]string{ev.Host, ev.Key}] = ev.Kind == SignalShardAcquired
+	}
+	return out
+}
+
 // mark returns the position of the next event.
 func (l *shLedger) mark() int {
 	l.mu.Lock()
@@ -211,7 +222,7 @@ func (l *shLedger) acked() []shWrite {
 // when before was taken (see writesOf).
 func (l *shLedger) waitWrites(t *testing.T, host string, before, n int) {
 	t.Helper()
-	etUntil(t, fmt.Sprintf("%d more writes of %s", n, host), func() bool { return l.writesOf(host) >= before+n })
+	eventually(t, fmt.Sprintf("%d more writes of %s", n, host), func() bool { return l.writesOf(host) >= before+n })
 }
 
 // writesOf returns how many answered writes host made.
@@ -308,6 +319,24 @@ func shRegister(t *testing.T, srv *coordtest.Server, ids ...string) []*shHost {
 	return hs
 }
 
+// shFleet starts an etcd with a ledger, n shard names and m hosts
+// registered (see shRegister), their shard sets not started.
+func shFleet(t *testing.T, n, m int) (*coordtest.Server, *shLedger, []string, []*shHost) {
+	t.Helper()
+	srv, _ := newEtcd(t)
+	return srv, newShLedger(), shNames(n), shRegister(t, srv, shIDs(m)...)
+}
+
+// shRanked starts an etcd with a ledger and registers two hosts, a and
+// b, a ranking before b for shard.
+func shRanked(t *testing.T, shard string) (srv *coordtest.Server, l *shLedger, a, b *shHost) {
+	t.Helper()
+	srv, _ = newEtcd(t)
+	bID, aID := shOrdered(shard, "host-b", "host-a")
+	hs := shRegister(t, srv, aID, bID)
+	return srv, newShLedger(), hs[0], hs[1]
+}
+
 // crash makes h crash: nothing more of it reaches etcd, where its leases
 // expire, and its client is closed.
 func (h *shHost) crash() {
@@ -321,6 +350,21 @@ func (h *shHost) start(t *testing.T, l *shLedger, opts ShardOptions) *shHost {
 	t.Helper()
 	h.set = shSet(t, h.cli, h.id, l, opts)
 	return h
+}
+
+// shStartAll starts a shard set on each of hosts with opts (the Logger,
+// if any, saying which host logs), and waits until opts.Shards settle; it
+// returns their owners.
+func shStartAll(t *testing.T, l *shLedger, hosts []*shHost, opts ShardOptions) map[string]string {
+	t.Helper()
+	for _, h := range hosts {
+		o := opts
+		if o.Logger != nil {
+			o.Logger = o.Logger.With("host", h.id)
+		}
+		h.start(t, l, o)
+	}
+	return shSettle(t, l, opts.Shards, hosts, hosts)
 }
 
 // shSet starts a shard set of self on cli (see shHost.start).
@@ -368,15 +412,22 @@ func shOwners(hosts []*shHost) map[string][]string {
 }
 
 // shSettle waits until each shard is owned by its best-ranked host among
-// live, and by no other host of all; it returns the owners.
+// live, and by no other host of all, and the signals of the live hosts say
+// the same (a host owns a shard just before it signals so); it returns the
+// owners.
 func shSettle(t *testing.T, l *shLedger, shards []string, live, all []*shHost) map[string]string {
 	t.Helper()
 	top := shTops(shards, shIDsOf(live))
 	l.until(t, "settled", func() bool {
-		owners := shOwners(all)
+		owners, held := shOwners(all), l.held()
 		for _, s := range shards {
 			if !slices.Equal(owners[s], []string{top[s]}) {
 				return false
+			}
+			for _, h := range live {
+				if held[[2]string{h.id, s}] != (h.id == top[s]) {
+					return false
+				}
 			}
 		}
 		return true
@@ -463,14 +514,8 @@ func TestShardRanking(t *testing.T) {
 }
 
 func TestShardSpread(t *testing.T) {
-	srv, _ := newEtcd(t)
-	l := newShLedger()
-	shards := shNames(64)
-	hosts := shRegister(t, srv, shIDs(4)...)
-	for _, h := range hosts {
-		h.start(t, l, ShardOptions{Shards: shards})
-	}
-	shSettle(t, l, shards, hosts, hosts)
+	_, l, shards, hosts := shFleet(t, 64, 4)
+	shStartAll(t, l, hosts, ShardOptions{Shards: shards})
 	mean := float64(len(shards)) / float64(len(hosts))
 	for _, h := range hosts {
 		n := len(h.set.Owned())
@@ -515,17 +560,10 @@ func TestShardMovement(t *testing.T) {
 	srv, _ := newEtcd(t)
 	l := newShLedger()
 	tap, tlog := newLogTap()
-	t.Cleanup(func() {
-		if t.Failed() {
-			tap.dump(t)
-		}
-	})
+	tap.dumpOnFailure(t)
 	shards := shNames(24)
 	hosts := shRegister(t, srv, shIDs(3)...)
-	for _, h := range hosts {
-		h.start(t, l, ShardOptions{Shards: shards, Logger: tlog.With("host", h.id)})
-	}
-	before := shSettle(t, l, shards, hosts, hosts)
+	before := shStartAll(t, l, hosts, ShardOptions{Shards: shards, Logger: tlog})
 
 	// Join: only the shards the new host tops move, all to it.
 	mark := l.mark()
@@ -562,15 +600,9 @@ func TestShardMovement(t *testing.T) {
 
 func TestShardFailover(t *testing.T) {
 	t.Parallel() // long and bound by waits: see "Parallel tests" in helpers_test.go
-	srv, _ := newEtcd(t)
-	l := newShLedger()
-	shards := shNames(32)
-	hosts := shRegister(t, srv, shIDs(4)...)
+	_, l, shards, hosts := shFleet(t, 32, 4)
 	ttl := 2 * time.Second * scale
-	for _, h := range hosts {
-		h.start(t, l, ShardOptions{Shards: shards, TTL: ttl})
-	}
-	owners := shSettle(t, l, shards, hosts, hosts)
+	owners := shStartAll(t, l, hosts, ShardOptions{Shards: shards, TTL: ttl})
 	// The victim: the host that owns most.
 	victim := slices.MaxFunc(hosts, func(a, b *shHost) int { return len(a.set.Owned()) - len(b.set.Owned()) })
 	var lost []string
@@ -680,7 +712,7 @@ func TestShardDrain(t *testing.T) {
 	if d.drained.Load() == 0 {
 		t.Fatal("a's Guard did not hold during its drain")
 	}
-	etUntil(t, "b writing", func() bool { _, h := shCheck(l.acked()); return h == 1 })
+	eventually(t, "b writing", func() bool { _, h := shCheck(l.acked()); return h == 1 })
 	if got := a.set.Owned(); len(got) != 0 {
 		t.Fatalf("a owns %v after the handoff", got)
 	}
@@ -694,10 +726,7 @@ func TestShardDrain(t *testing.T) {
 
 func TestShardNoOverlap(t *testing.T) {
 	t.Parallel() // long and bound by waits: see "Parallel tests" in helpers_test.go
-	srv, _ := newEtcd(t)
-	l := newShLedger()
-	shards := shNames(8)
-	hosts := shRegister(t, srv, shIDs(3)...)
+	srv, l, shards, hosts := shFleet(t, 8, 3)
 	// One link is slow throughout: that host's writes and renewals
 	// arrive late.
 	hosts[1].px.Delay(50 * time.Millisecond)
@@ -744,12 +773,8 @@ func TestShardNoOverlap(t *testing.T) {
 
 func TestShardPartition(t *testing.T) {
 	t.Parallel() // long and bound by waits: see "Parallel tests" in helpers_test.go
-	srv, _ := newEtcd(t)
-	l := newShLedger()
 	const shard = "partitioned"
-	bID, aID := shOrdered(shard, "host-b", "host-a") // a ranks before b
-	hs := shRegister(t, srv, aID, bID)
-	a, b := hs[0], hs[1]
+	srv, l, a, b := shRanked(t, shard)
 	a.start(t, l, ShardOptions{Shards: []string{shard}, Run: l.writer(a.cli, a.id)})
 	l.waitEvent(t, 0, SignalShardAcquired, a.id, shard)
 	b.start(t, l, ShardOptions{Shards: []string{shard}, Run: l.writer(b.cli, b.id)})
@@ -855,12 +880,8 @@ func testShardHandOverAtOnce(t *testing.T) {
 }
 
 func testShardRunReturns(t *testing.T) {
-	srv, _ := newEtcd(t)
-	l := newShLedger()
 	const shard = "flaky"
-	bID, aID := shOrdered(shard, "host-b", "host-a") // a ranks before b
-	hs := shRegister(t, srv, aID, bID)
-	a, b := hs[0], hs[1]
+	_, l, a, b := shRanked(t, shard)
 	var calls atomic.Int32
 	tap, log := newLogTap()
 	b.start(t, l, ShardOptions{Shards: []string{shard}})
@@ -872,7 +893,7 @@ func testShardRunReturns(t *testing.T) {
 	}})
 	// b hands over to a, whose first Run returns at once: back to b,
 	// then to a again once it queues again.
-	etUntil(t, "a's second Run", func() bool { return calls.Load() == 2 })
+	eventually(t, "a's second Run", func() bool { return calls.Load() == 2 })
 	if got := a.set.Owned(); len(got) != 1 {
 		t.Fatalf("a owns %v", got)
 	}
@@ -896,7 +917,7 @@ func testShardLeadershipLost(t *testing.T) {
 	l := newShLedger()
 	a := shRegister(t, srv, "a")[0].start(t, l, ShardOptions{Shards: []string{"s"}})
 	first := l.waitEvent(t, 0, SignalShardAcquired, "a", "s")
-	etRevoke(t, cli, clientv3.LeaseID(shCands(t, cli, ShardsPrefix+"s/")[0].Lease))
+	etRevoke(t, cli, clientv3.LeaseID(candidates(t, cli, ShardsPrefix+"s/")[0].Lease))
 	rel := l.waitEvent(t, 0, SignalShardReleased, "a", "s")
 	if !errors.Is(rel.Err, ErrLeadershipLost) {
 		t.Fatalf("released because %v, want ErrLeadershipLost", rel.Err)
@@ -938,15 +959,9 @@ func testShardBrokenWatch(t *testing.T) {
 }
 
 func testShardRestart(t *testing.T) {
-	srv, _ := newEtcd(t)
-	l := newShLedger()
-	shards := shNames(8)
-	hosts := shRegister(t, srv, shIDs(2)...)
+	srv, l, shards, hosts := shFleet(t, 8, 2)
 	// The sessions outlast the restart.
-	for _, h := range hosts {
-		h.start(t, l, ShardOptions{Shards: shards, TTL: 3 * time.Second * scale})
-	}
-	shSettle(t, l, shards, hosts, hosts)
+	shStartAll(t, l, hosts, ShardOptions{Shards: shards, TTL: 3 * time.Second * scale})
 	srv.Restart()
 	hosts = append(hosts, shRegister(t, srv, "host-02")[0].start(t, l, ShardOptions{Shards: shards}))
 	shSettle(t, l, shards, hosts, hosts)
@@ -1095,20 +1110,6 @@ func testShardBadInput(t *testing.T) {
 	if ls := ptLeases(t, cli); len(ls) != 0 {
 		t.Fatalf("leases %v; want none", ls)
 	}
-}
-
-// shCands returns the candidates under prefix, oldest first.
-func shCands(t *testing.T, cli *clientv3.Client, prefix string) []*mvccpb.KeyValue {
-	t.Helper()
-	resp, err := cli.Get(testCtx(t), prefix, clientv3.WithPrefix(),
-		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(resp.Kvs) == 0 {
-		t.Fatalf("no candidate under %s", prefix)
-	}
-	return resp.Kvs
 }
 
 // TestShardModel runs seeded random joins, crashes, graceful leaves,

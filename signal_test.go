@@ -3,52 +3,9 @@ package coord
 import (
 	"fmt"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 )
-
-// signals collects what an OnSignal hook receives.
-type signals struct {
-	mu  sync.Mutex
-	got []Signal
-}
-
-func (s *signals) hook(sig Signal) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.got = append(s.got, sig)
-}
-
-// kinds returns the kinds received so far, in order.
-func (s *signals) kinds() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []string
-	for _, sig := range s.got {
-		out = append(out, sig.Kind.String())
-	}
-	return out
-}
-
-// waitFor waits until sig of kind has been received n times and returns the last.
-func (s *signals) waitFor(t *testing.T, kind SignalKind, n int) Signal {
-	t.Helper()
-	var last Signal
-	eventually(t, func() bool {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		c := 0
-		for _, sig := range s.got {
-			if sig.Kind == kind {
-				c++
-				last = sig
-			}
-		}
-		return c >= n
-	})
-	return last
-}
 
 func TestSignals(t *testing.T) {
 	t.Run("a registration signals registered, heals and its end", func(t *testing.T) {

@@ -54,7 +54,7 @@ func sdLead(t *testing.T, shape string, e *Election, ttl time.Duration) sdTerm {
 // long that was after the last answer.
 func (s sdTerm) stepDown(t *testing.T, cut time.Time) (stepped time.Time, after time.Duration) {
 	t.Helper()
-	etClosed(t, s.done, "Done of the leader cut off")
+	waitClosed(t, s.done, "Done of the leader cut off")
 	stepped = time.Now()
 	if s.e.IsLeader() || s.e.Token() != 0 {
 		t.Errorf("after Done: IsLeader %v, Token %d; want false, 0", s.e.IsLeader(), s.e.Token())
@@ -94,27 +94,26 @@ func (s sdTerm) successor(t *testing.T, res <-chan etResult, fresh *clientv3.Cli
 	}
 }
 
-// sdQueue starts b's Campaign and waits until its candidate key is in line
-// behind the leader's.
-func sdQueue(t *testing.T, cli *clientv3.Client, b *Election) <-chan etResult {
+// sdBehindProxy makes, on one etcd, an election a reached through proxy
+// p lead with ttl, and queues b's Campaign (res) behind it; undo(p) runs
+// at the end of the test, before the elections close.
+func sdBehindProxy(t *testing.T, shape string, ttl time.Duration, undo func(*coordtest.Proxy)) (*coordtest.Server, *coordtest.Proxy, sdTerm, <-chan etResult) {
 	t.Helper()
-	res := etCampaignAsync(testCtx(t), b, "b")
-	etWaitCount(t, cli, etPrefix, 2, clientv3.WithPrefix())
-	return res
+	srv, cli := newEtcd(t)
+	p := srv.NewProxy(t)
+	a := etElection(t, p.NewClient(t), ElectionOptions{TTL: ttl})
+	b := etElection(t, cli, ElectionOptions{TTL: ttl})
+	t.Cleanup(func() { undo(p) })
+	s := sdLead(t, shape, a, ttl)
+	return srv, p, s, etQueue(t, testCtx(t), cli, b)
 }
 
 func TestElectionStepDownShapes(t *testing.T) {
 	t.Parallel() // long and bound by waits: see "Parallel tests" in helpers_test.go
 	t.Run("silent from the start", func(t *testing.T) {
 		t.Parallel()
-		srv, cli := newEtcd(t)
-		p := srv.NewProxy(t)
 		ttl := 2 * time.Second * scale
-		a := etElection(t, p.NewClient(t), ElectionOptions{TTL: ttl})
-		b := etElection(t, cli, ElectionOptions{TTL: ttl})
-		t.Cleanup(p.Unblackhole) // before the elections close
-		s := sdLead(t, "silent", a, ttl)
-		res := sdQueue(t, cli, b)
+		srv, p, s, res := sdBehindProxy(t, "silent", ttl, (*coordtest.Proxy).Unblackhole)
 		p.Blackhole()
 		stepped, after := s.stepDown(t, time.Now())
 		s.successor(t, res, srv.NewClient(t), stepped, after, "")
@@ -145,7 +144,7 @@ func TestElectionStepDownShapes(t *testing.T) {
 		b := etElection(t, cli, ElectionOptions{TTL: ttl})
 		t.Cleanup(func() { p.Unblackhole(); iso.Heal() })
 		s := sdLead(t, "failing fast then silent", a, ttl)
-		res := sdQueue(t, cli, b)
+		res := etQueue(t, testCtx(t), cli, b)
 		iso.Isolate()
 		// Just before the 2/3 mark, cut the link: the next try, sent
 		// after the last fast failure, hangs.
@@ -174,14 +173,8 @@ func TestElectionStepDownShapes(t *testing.T) {
 
 	t.Run("answers slower than a third of the TTL", func(t *testing.T) {
 		t.Parallel()
-		srv, cli := newEtcd(t)
-		p := srv.NewProxy(t)
 		ttl := 3 * time.Second * scale
-		a := etElection(t, p.NewClient(t), ElectionOptions{TTL: ttl})
-		b := etElection(t, cli, ElectionOptions{TTL: ttl})
-		t.Cleanup(func() { p.Delay(0) })
-		s := sdLead(t, "slow", a, ttl)
-		res := sdQueue(t, cli, b)
+		srv, p, s, res := sdBehindProxy(t, "slow", ttl, func(p *coordtest.Proxy) { p.Delay(0) })
 		// Each way: a renewal is answered 2×delay after it is sent, if at
 		// all; etcd still renews the lease on each try it receives.
 		delay := ttl / 2
@@ -201,7 +194,7 @@ func TestElectionStepDownShapes(t *testing.T) {
 		var token, lease int64
 		child.expect(t, "leading token=%d lease=%x", &token, &lease)
 		guard := clientv3.Compare(clientv3.CreateRevision(etPrefix+hexID(clientv3.LeaseID(lease))), "=", token)
-		res := sdQueue(t, cli, b)
+		res := etQueue(t, testCtx(t), cli, b)
 		child.signal(t, syscall.SIGSTOP)
 		// Its lease expires meanwhile, and the successor wins.
 		r := etWait(t, res)
@@ -315,7 +308,7 @@ func sdChild() int {
 		switch in.Text() {
 		case "state":
 			read := time.Now()
-			leader, token, closed := e.IsLeader(), e.Token(), sdIsClosed(e.Done())
+			leader, token, closed := e.IsLeader(), e.Token(), isClosed(e.Done())
 			stepped := time.Duration(-1)
 			timer := time.NewTimer(sdSlack())
 			select {
@@ -341,15 +334,6 @@ func sdChild() int {
 		}
 	}
 	return 0
-}
-
-func sdIsClosed(c <-chan struct{}) bool {
-	select {
-	case <-c:
-		return true
-	default:
-		return false
-	}
 }
 
 // sdProc is the helper process, seen from the test.

@@ -76,6 +76,15 @@ func newBenchWatcher() *HostWatcher {
 	return &HostWatcher{prefix: benchPrefix, log: discard, hosts: map[string]*version{}}
 }
 
+// benchViewOf returns a bench watcher whose view holds kvs at revision 10,
+// and starts reporting allocations.
+func benchViewOf(b *testing.B, kvs []*mvccpb.KeyValue) *HostWatcher {
+	w := newBenchWatcher()
+	benchResync(w, kvs, 10)
+	b.ReportAllocs()
+	return w
+}
+
 // benchResync lists kvs, one page, at rev into w's view, and returns the
 // events.
 func benchResync(w *HostWatcher, kvs []*mvccpb.KeyValue, rev int64) []pending {
@@ -122,9 +131,7 @@ func BenchmarkWatcherApply(b *testing.B) {
 	const n = 10_000
 	kvs := benchKVs(n, 1, 10)
 	b.Run("coord/flap", func(b *testing.B) {
-		w := newBenchWatcher()
-		benchResync(w, kvs, 10)
-		b.ReportAllocs()
+		w := benchViewOf(b, kvs)
 		i := 0
 		for b.Loop() {
 			kv := kvs[i%n]
@@ -141,9 +148,7 @@ func BenchmarkWatcherApply(b *testing.B) {
 		}
 	})
 	b.Run("coord/update", func(b *testing.B) {
-		w := newBenchWatcher()
-		benchResync(w, kvs, 10)
-		b.ReportAllocs()
+		w := benchViewOf(b, kvs)
 		i := 0
 		for b.Loop() {
 			kv := kvs[i%n]
@@ -190,9 +195,7 @@ func BenchmarkResync(b *testing.B) {
 			perHost(b)
 		})
 		b.Run(fmt.Sprintf("coord/unchanged/%d", n), func(b *testing.B) {
-			w := newBenchWatcher()
-			benchResync(w, kvs, 10)
-			b.ReportAllocs()
+			w := benchViewOf(b, kvs)
 			for b.Loop() {
 				if evs := benchResync(w, kvs, 10); len(evs) != 0 {
 					b.Fatalf("%d events, want none", len(evs))
@@ -214,9 +217,7 @@ func BenchmarkResync(b *testing.B) {
 				}
 			}
 			snaps := [2][]*mvccpb.KeyValue{kvs, next}
-			w := newBenchWatcher()
-			benchResync(w, kvs, 10)
-			b.ReportAllocs()
+			w := benchViewOf(b, kvs)
 			i := 1
 			for b.Loop() {
 				if evs := benchResync(w, snaps[i%2], int64(20+i)); len(evs) == 0 {
@@ -241,9 +242,7 @@ func BenchmarkResync(b *testing.B) {
 
 // BenchmarkHosts copies the sorted view of 10,000 hosts.
 func BenchmarkHosts(b *testing.B) {
-	w := newBenchWatcher()
-	benchResync(w, benchKVs(10_000, 1, 10), 10)
-	b.ReportAllocs()
+	w := benchViewOf(b, benchKVs(10_000, 1, 10))
 	for b.Loop() {
 		w.Hosts()
 	}

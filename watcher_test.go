@@ -1,12 +1,10 @@
 package coord
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"maps"
 	"reflect"
 	"slices"
@@ -25,7 +23,9 @@ import (
 	"github.com/go-coord/coord/coordtest"
 )
 
-func TestHostWatcher(t *testing.T) {
+// TestHostWatcherSnapshot covers the list a watcher starts from, and how it
+// hands over to the watch.
+func TestHostWatcherSnapshot(t *testing.T) {
 	t.Run("replays existing hosts as synthetic Up then Synced", func(t *testing.T) {
 		_, cli := newEtcd(t)
 		ctx, prefix := testCtx(t), prefixFor(t)
@@ -36,8 +36,8 @@ func TestHostWatcher(t *testing.T) {
 		}
 		w := wtWatch(t, ctx, cli, WatcherOptions{Prefix: prefix, Buffer: 1})
 		// Listed, but with one slot in Events two Ups at least are unsent.
-		wtEventually(t, "the snapshot in Hosts", func() bool { return len(w.Hosts()) == 3 })
-		if wtClosed(w.Synced()) {
+		eventually(t, "the snapshot in Hosts", func() bool { return len(w.Hosts()) == 3 })
+		if isClosed(w.Synced()) {
 			t.Fatal("Synced closed before the snapshot was delivered")
 		}
 		for _, id := range []string{"a", "b", "c"} {
@@ -65,27 +65,6 @@ func TestHostWatcher(t *testing.T) {
 		quiet(t, cli, w, prefix)
 	})
 
-	t.Run("delivers live changes with Synthetic false and the etcd revision", func(t *testing.T) {
-		_, cli := newEtcd(t)
-		ctx, prefix := testCtx(t), prefixFor(t)
-		w := wtSynced(t, ctx, cli, WatcherOptions{Prefix: prefix})
-		lease := wtGrant(t, cli)
-
-		m := meta("a")
-		rev := wtPut(t, cli, prefix, m, lease)
-		wtCheck(t, expect(t, w, HostUp, "a"), m, rev, false)
-
-		m.Version = "2.0"
-		rev = wtPut(t, cli, prefix, m, lease)
-		wtCheck(t, expect(t, w, HostUpdated, "a"), m, rev, false)
-
-		del, err := cli.Delete(ctx, prefix+"a")
-		if err != nil {
-			t.Fatal(err)
-		}
-		wtCheck(t, expect(t, w, HostDown, "a"), m, del.Header.Revision, false)
-	})
-
 	t.Run("neither loses nor repeats a change between the snapshot and the watch", func(t *testing.T) {
 		_, cli := newEtcd(t)
 		ctx, prefix := testCtx(t), prefixFor(t)
@@ -107,7 +86,7 @@ func TestHostWatcher(t *testing.T) {
 					if n == 100 {
 						close(started)
 					}
-					if last < 0 && wtClosed(synced) {
+					if last < 0 && isClosed(synced) {
 						last = n + 100
 					}
 					id := fmt.Sprintf("h%04d", n)
@@ -157,7 +136,7 @@ func TestHostWatcher(t *testing.T) {
 				break
 			}
 		}
-		truth := wtTruth(t, cli, prefix)
+		truth := truth(t, cli, prefix)
 		if !reflect.DeepEqual(r.hosts, truth) {
 			t.Fatalf("replica (%d hosts) differs from etcd (%d hosts)", len(r.hosts), len(truth))
 		}
@@ -185,16 +164,7 @@ func TestHostWatcher(t *testing.T) {
 		ctx, prefix := testCtx(t), prefixFor(t)
 		const n = 1000
 		lease := wtGrant(t, cli)
-		for i := 0; i < n; i += 100 {
-			var ops []clientv3.Op
-			for j := i; j < i+100; j++ {
-				id := fmt.Sprintf("h%04d", j)
-				ops = append(ops, clientv3.OpPut(prefix+id, wtJSON(meta(id)), clientv3.WithLease(lease)))
-			}
-			if _, err := cli.Txn(ctx).Then(ops...).Commit(); err != nil {
-				t.Fatal(err)
-			}
-		}
+		wtPutHosts(t, cli, prefix, lease, n)
 		start := time.Now()
 		w := wtWatch(t, ctx, cli, WatcherOptions{Prefix: prefix, Buffer: 1})
 		if d := time.Since(start); d > time.Second*scale {
@@ -202,9 +172,9 @@ func TestHostWatcher(t *testing.T) {
 		}
 		// Nobody reads Events, yet the watcher lists, then takes in a live
 		// change: its loop is not stuck on the consumer.
-		wtEventually(t, "the snapshot in Hosts", func() bool { return len(w.Hosts()) == n })
+		eventually(t, "the snapshot in Hosts", func() bool { return len(w.Hosts()) == n })
 		wtPut(t, cli, prefix, meta("late"), lease)
-		wtEventually(t, "the live host in Hosts", func() bool { return len(w.Hosts()) == n+1 })
+		eventually(t, "the live host in Hosts", func() bool { return len(w.Hosts()) == n+1 })
 		seen := map[string]bool{}
 		for i := range n {
 			ev := next(t, w)
@@ -213,7 +183,7 @@ func TestHostWatcher(t *testing.T) {
 			}
 			seen[ev.HostUUID] = true
 			// While two are unread, one at least is not in Events yet.
-			if i < n-2 && wtClosed(w.Synced()) {
+			if i < n-2 && isClosed(w.Synced()) {
 				t.Fatalf("Synced closed with %d snapshot events unread", n-i-1)
 			}
 		}
@@ -223,6 +193,245 @@ func TestHostWatcher(t *testing.T) {
 		if ev := expect(t, w, HostUp, "late"); ev.Synthetic {
 			t.Fatalf("live Up is synthetic: %+v", ev)
 		}
+	})
+
+	t.Run("lists in pages of PageSize hosts, each read at the first page's revision", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		ctx, prefix := testCtx(t), prefixFor(t)
+		lease := wtGrant(t, cli)
+		wtPutAll(t, cli, prefix, lease, "a", "b", "c", "d", "e", "f", "g")
+		e := meta("e")
+		e.Version = "2.0"
+		var changed int64 // the revision of the changes made between pages
+		c, ranges := wtRangeClient(t, srv.ClientConfig(), func(n int) {
+			if n != 2 {
+				return
+			}
+			// Between the first page and the second: a host of a later
+			// page goes, one comes, one is updated. Read at the first
+			// page's revision, the listing sees none of it.
+			resp, err := cli.Txn(ctx).Then(clientv3.OpDelete(prefix+"f"),
+				clientv3.OpPut(prefix+"cc", wtJSON(meta("cc")), clientv3.WithLease(lease)),
+				clientv3.OpPut(prefix+"e", wtJSON(e), clientv3.WithLease(lease))).Commit()
+			if err != nil {
+				t.Errorf("changing hosts between pages: %v", err)
+				return
+			}
+			atomic.StoreInt64(&changed, resp.Header.Revision)
+		})
+		w := wtWatch(t, ctx, c, WatcherOptions{Prefix: prefix, PageSize: 3})
+		r := newWtReplica(t)
+		var snap int64
+		for _, id := range []string{"a", "b", "c", "d", "e", "f", "g"} {
+			ev := expect(t, w, HostUp, id)
+			r.apply(ev)
+			if snap == 0 {
+				snap = ev.Revision
+			}
+			if !ev.Synthetic || ev.Revision != snap || !reflect.DeepEqual(ev.Metadata, meta(id)) {
+				t.Fatalf("snapshot event %+v, want synthetic at revision %d with %+v", ev, snap, meta(id))
+			}
+		}
+		if !closedWithin(w.Synced()) {
+			t.Fatal("Synced not closed")
+		}
+		rev := atomic.LoadInt64(&changed)
+		for _, want := range []struct {
+			kind HostEventKind
+			m    HostMetadata
+		}{{HostDown, meta("f")}, {HostUp, meta("cc")}, {HostUpdated, e}} {
+			ev := expect(t, w, want.kind, want.m.HostUUID)
+			wtCheck(t, ev, want.m, rev, false)
+			r.apply(ev)
+		}
+		if rev <= snap {
+			t.Fatalf("changes at revision %d, not after the snapshot at %d", rev, snap)
+		}
+		quiet(t, cli, w, prefix)
+		r.matches(cli, prefix)
+		pages := ranges.list()
+		if len(pages) != 3 {
+			t.Fatalf("%d Range responses, want 3 pages of 3, 3 and 1 hosts: %+v", len(pages), pages)
+		}
+		for i, p := range pages {
+			more := i < 2
+			if p.limit != 3 || p.kvs > 3 || p.more != more || (i > 0 && p.rev != snap) {
+				t.Fatalf("page %d: %+v, want at most 3 hosts (limit 3), more %v, read at revision %d", i+1, p, more, snap)
+			}
+		}
+	})
+
+	t.Run("lists again from the first page when a page's revision is compacted away", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		ctx, prefix := testCtx(t), prefixFor(t)
+		lease := wtGrant(t, cli)
+		wtPutAll(t, cli, prefix, lease, "a", "b", "c")
+		var compacted int64
+		c, ranges := wtRangeClient(t, srv.ClientConfig(), func(n int) {
+			if n != 2 {
+				return
+			}
+			// Before the second page: a host comes, and etcd compacts
+			// its history up to it, the first page's revision included.
+			put, err := cli.Put(ctx, prefix+"b2", wtJSON(meta("b2")), clientv3.WithLease(lease))
+			if err == nil {
+				_, err = cli.Compact(ctx, put.Header.Revision, clientv3.WithCompactPhysical())
+			}
+			if err != nil {
+				t.Errorf("compacting between pages: %v", err)
+				return
+			}
+			atomic.StoreInt64(&compacted, put.Header.Revision)
+		})
+		tap, log := newLogTap()
+		w := wtWatch(t, ctx, c, WatcherOptions{Prefix: prefix, PageSize: 2, Logger: log})
+		rev := int64(0)
+		for _, id := range []string{"a", "b", "b2", "c"} {
+			ev := expect(t, w, HostUp, id)
+			rev = atomic.LoadInt64(&compacted)
+			wtCheck(t, ev, meta(id), rev, true)
+		}
+		if !closedWithin(w.Synced()) {
+			t.Fatal("Synced not closed")
+		}
+		if tap.count("coord: listing compacted away, listing again") != 1 {
+			t.Fatal("no record of the listing started again")
+		}
+		quiet(t, cli, w, prefix)
+		// Answered: the first page (the second failed), then the listing
+		// again: its first page at the latest revision, its second at that.
+		if pages := ranges.list(); len(pages) != 3 || pages[1].rev != 0 || pages[2].rev != rev {
+			t.Fatalf("Range responses %+v, want the first page, then two pages, the second read at %d", pages, rev)
+		}
+	})
+
+	t.Run("lists again in pages after a compaction, reusing what did not change", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		ctx, prefix := testCtx(t), prefixFor(t)
+		lease := wtGrant(t, cli)
+		wtPutAll(t, cli, prefix, lease, "a", "b", "c", "m", "y", "z")
+		px := srv.NewProxy(t)
+		c, ranges := wtRangeClient(t, px.ClientConfig(), nil)
+		w := wtWatch(t, ctx, c, WatcherOptions{Prefix: prefix, PageSize: 2})
+		r := newWtReplica(t)
+		r.applyNext(w, 6)
+		if !closedWithin(w.Synced()) {
+			t.Fatal("Synced not closed")
+		}
+		listed := len(ranges.list())
+
+		// As in the compaction test above: the watch resumes after the
+		// compacted revision and breaks; the watcher lists again.
+		px.Blackhole()
+		m := meta("m")
+		m.Version = "2.0"
+		wtPut(t, cli, prefix, m, lease)
+		wtPut(t, cli, prefix, meta("n"), lease)
+		for _, id := range []string{"a", "z"} { // the first and the last go
+			if _, err := cli.Delete(ctx, prefix+id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rev := srv.Compact(ctx)
+		srv.Stop()
+		px.Unblackhole()
+		srv.Restart()
+
+		for _, want := range []struct {
+			kind HostEventKind
+			id   string
+		}{{HostDown, "a"}, {HostUpdated, "m"}, {HostUp, "n"}, {HostDown, "z"}} {
+			ev := expect(t, w, want.kind, want.id)
+			if !ev.Synthetic || ev.Revision != rev {
+				t.Fatalf("resync event %+v, want synthetic at revision %d", ev, rev)
+			}
+			r.apply(ev)
+		}
+		quiet(t, cli, w, prefix)
+		r.matches(cli, prefix)
+		// b, c, m, n, y: three pages of at most 2.
+		pages := ranges.list()[listed:]
+		if len(pages) != 3 {
+			t.Fatalf("the listing again took %d Range responses, want 3: %+v", len(pages), pages)
+		}
+		for i, p := range pages {
+			if p.limit != 2 || p.kvs > 2 || (i > 0 && p.rev != rev) {
+				t.Fatalf("page %d of the listing again: %+v, want at most 2 hosts, read at revision %d", i+1, p, rev)
+			}
+		}
+	})
+
+	t.Run("starts many watchers at once on a three-member cluster, each in pages", func(t *testing.T) {
+		c := coordtest.NewCluster(t, 3)
+		cli := c.Client()
+		ctx, prefix := testCtx(t), prefixFor(t)
+		const hosts, watchers, page = 300, 12, 40
+		lease := wtGrant(t, cli)
+		wtPutHosts(t, cli, prefix, lease, hosts)
+		truth := truth(t, cli, prefix)
+		// Each on its own client: its pages go to any member.
+		ws := make([]*HostWatcher, watchers)
+		rs := make([]*wtRanges, watchers)
+		for i := range ws {
+			var cc *clientv3.Client
+			cc, rs[i] = wtRangeClient(t, c.ClientConfig(), nil)
+			ws[i] = wtWatch(t, ctx, cc, WatcherOptions{Prefix: prefix, PageSize: page})
+		}
+		var wg sync.WaitGroup
+		replicas := make([]map[string]HostMetadata, watchers)
+		for i, w := range ws {
+			wg.Go(func() {
+				replicas[i] = map[string]HostMetadata{}
+				for ev := range w.Events() {
+					replicas[i][ev.HostUUID] = ev.Metadata
+					if len(replicas[i]) == hosts {
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		for i, w := range ws {
+			if !closedWithin(w.Synced()) {
+				t.Fatalf("watcher %d: Synced not closed", i)
+			}
+			if !reflect.DeepEqual(replicas[i], truth) {
+				t.Fatalf("watcher %d: replica of %d hosts differs from etcd's %d", i, len(replicas[i]), len(truth))
+			}
+			pages := rs[i].list()
+			for _, p := range pages {
+				if p.kvs > page {
+					t.Fatalf("watcher %d: a Range response of %d hosts, over PageSize %d", i, p.kvs, page)
+				}
+			}
+			if len(pages) < hosts/page {
+				t.Fatalf("watcher %d: %d Range responses for %d hosts in pages of %d", i, len(pages), hosts, page)
+			}
+		}
+	})
+}
+
+// TestHostWatcherEvents covers what each change of etcd is reported as.
+func TestHostWatcherEvents(t *testing.T) {
+	t.Run("delivers live changes with Synthetic false and the etcd revision", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		ctx, prefix := testCtx(t), prefixFor(t)
+		w := wtSynced(t, ctx, cli, WatcherOptions{Prefix: prefix})
+		lease := wtGrant(t, cli)
+
+		m := meta("a")
+		rev := wtPut(t, cli, prefix, m, lease)
+		wtCheck(t, expect(t, w, HostUp, "a"), m, rev, false)
+
+		m.Version = "2.0"
+		rev = wtPut(t, cli, prefix, m, lease)
+		wtCheck(t, expect(t, w, HostUpdated, "a"), m, rev, false)
+
+		del, err := cli.Delete(ctx, prefix+"a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		wtCheck(t, expect(t, w, HostDown, "a"), m, del.Header.Revision, false)
 	})
 
 	t.Run("reports a registration's Up, Updated, and Down on Stop", func(t *testing.T) {
@@ -376,7 +585,7 @@ func TestHostWatcher(t *testing.T) {
 	t.Run("skips values that are not hosts and reports a host turned garbage Down", func(t *testing.T) {
 		_, cli := newEtcd(t)
 		ctx, prefix := testCtx(t), prefixFor(t)
-		log := &wtLog{}
+		tap, log := newLogTap()
 		put := func(key, val string) {
 			t.Helper()
 			if _, err := cli.Put(ctx, key, val); err != nil {
@@ -385,13 +594,13 @@ func TestHostWatcher(t *testing.T) {
 		}
 		put(prefix+"junk", "not json")
 		put(prefix+"ok", wtJSON(meta("ok")))
-		w := wtWatch(t, ctx, cli, WatcherOptions{Prefix: prefix, Logger: log.logger()})
+		w := wtWatch(t, ctx, cli, WatcherOptions{Prefix: prefix, Logger: log})
 		expect(t, w, HostUp, "ok")
 		if !closedWithin(w.Synced()) {
 			t.Fatal("Synced not closed")
 		}
-		if !log.has("coord: skipping value that is not a host", prefix+"junk") {
-			t.Fatalf("no record of the skipped snapshot value; log:\n%s", log)
+		if !tap.has("coord: skipping value that is not a host", prefix+"junk") {
+			t.Fatalf("no record of the skipped snapshot value; log:\n%s", tap.text())
 		}
 
 		put(prefix+"a", wtJSON(meta("a")))
@@ -416,16 +625,14 @@ func TestHostWatcher(t *testing.T) {
 		}
 		quiet(t, cli, w, prefix)
 		for _, k := range append(slices.Collect(maps.Keys(notHosts)), prefix+"a") {
-			if !log.has("coord: skipping value that is not a host", k) {
-				t.Errorf("no record of the skipped value at %q; log:\n%s", k, log)
+			if !tap.has("coord: skipping value that is not a host", k) {
+				t.Errorf("no record of the skipped value at %q; log:\n%s", k, tap.text())
 			}
 		}
 		if got := w.Hosts(); !reflect.DeepEqual(got, []HostMetadata{meta("ok")}) {
 			t.Fatalf("Hosts %+v, want only ok", got)
 		}
-		if w.Err() != nil {
-			t.Fatalf("Err %v", w.Err())
-		}
+		wtNoErr(t, w)
 	})
 
 	t.Run("leaves Self out of events and Hosts", func(t *testing.T) {
@@ -457,14 +664,10 @@ func TestHostWatcher(t *testing.T) {
 		_, cli := newEtcd(t)
 		ctx, prefix := testCtx(t), prefixFor(t)
 		lease := wtGrant(t, cli)
-		for _, id := range []string{"m", "c", "x"} {
-			wtPut(t, cli, prefix, meta(id), lease)
-		}
+		wtPutAll(t, cli, prefix, lease, "m", "c", "x")
 		w := wtWatch(t, ctx, cli, WatcherOptions{Prefix: prefix})
 		r := newWtReplica(t)
-		for range 3 {
-			r.apply(next(t, w))
-		}
+		r.applyNext(w, 3)
 		for _, id := range []string{"q", "a", "z", "b"} {
 			wtPut(t, cli, prefix, meta(id), lease)
 			r.apply(next(t, w))
@@ -485,20 +688,30 @@ func TestHostWatcher(t *testing.T) {
 		}
 	})
 
+	t.Run("names the event kinds up, down and updated, and unknown values by number", func(t *testing.T) {
+		for k, want := range map[HostEventKind]string{
+			HostUp: "up", HostDown: "down", HostUpdated: "updated", HostEventKind(7): "HostEventKind(7)",
+		} {
+			if got := k.String(); got != want {
+				t.Errorf("HostEventKind(%d).String() = %q, want %q", int(k), got, want)
+			}
+		}
+	})
+}
+
+// TestHostWatcherFaults covers compaction, a consumer falling behind, an etcd
+// restart and unreadable answers.
+func TestHostWatcherFaults(t *testing.T) {
 	t.Run("after a compaction resyncs and emits only the differences", func(t *testing.T) {
 		srv, cli := newEtcd(t)
 		ctx, prefix := testCtx(t), prefixFor(t)
 		lease := wtGrant(t, cli)
-		for _, id := range []string{"keep", "gone", "upd", "relet"} {
-			wtPut(t, cli, prefix, meta(id), lease)
-		}
+		wtPutAll(t, cli, prefix, lease, "keep", "gone", "upd", "relet")
 		px := srv.NewProxy(t)
-		log := &wtLog{}
-		w := wtWatch(t, ctx, px.NewClient(t), WatcherOptions{Prefix: prefix, Logger: log.logger()})
+		tap, log := newLogTap()
+		w := wtWatch(t, ctx, px.NewClient(t), WatcherOptions{Prefix: prefix, Logger: log})
 		r := newWtReplica(t)
-		for range 4 {
-			r.apply(next(t, w))
-		}
+		r.applyNext(w, 4)
 		if !closedWithin(w.Synced()) {
 			t.Fatal("Synced not closed")
 		}
@@ -546,11 +759,9 @@ func TestHostWatcher(t *testing.T) {
 			}
 		}
 		quiet(t, cli, w, prefix) // nothing else, no event for keep
-		if truth := wtTruth(t, cli, prefix); !reflect.DeepEqual(r.hosts, truth) {
-			t.Fatalf("replica %v, etcd %v", slices.Sorted(maps.Keys(r.hosts)), slices.Sorted(maps.Keys(truth)))
-		}
-		if !log.has("coord: host watch broke, resyncing", "") || !strings.Contains(log.String(), rpctypes.ErrCompacted.Error()) {
-			t.Fatalf("no record of a resync after ErrCompacted; log:\n%s", log)
+		r.matches(cli, prefix)
+		if !tap.has("coord: host watch broke, resyncing", "") || !strings.Contains(tap.text(), rpctypes.ErrCompacted.Error()) {
+			t.Fatalf("no record of a resync after ErrCompacted; log:\n%s", tap.text())
 		}
 	})
 
@@ -558,15 +769,11 @@ func TestHostWatcher(t *testing.T) {
 		_, cli := newEtcd(t)
 		ctx, prefix := testCtx(t), prefixFor(t)
 		lease := wtGrant(t, cli)
-		for _, id := range []string{"a", "b", "c"} {
-			wtPut(t, cli, prefix, meta(id), lease)
-		}
-		tap, log := newLogTap()
-		w := wtWatch(t, ctx, cli, WatcherOptions{Prefix: prefix, Buffer: 1, MaxBacklog: 2, Logger: log})
+		wtPutAll(t, cli, prefix, lease, "a", "b", "c")
+		sig := &signals{}
+		w := wtWatch(t, ctx, cli, WatcherOptions{Prefix: prefix, Buffer: 1, MaxBacklog: 2, OnSignal: sig.hook})
 		r := newWtReplica(t)
-		for range 3 {
-			r.apply(next(t, w))
-		}
+		r.applyNext(w, 3)
 		if !closedWithin(w.Synced()) {
 			t.Fatal("Synced not closed")
 		}
@@ -584,7 +791,7 @@ func TestHostWatcher(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		tap.wait(t, "coord: consumer behind, sending differences", 1)
+		sig.waitFor(t, SignalWatcherResync, 1)
 
 		// Everything up to a marker written after the catch-up (which may
 		// catch the consumer up again, as it is still behind).
@@ -600,9 +807,7 @@ func TestHostWatcher(t *testing.T) {
 				break
 			}
 		}
-		if truth := wtTruth(t, cli, prefix); !reflect.DeepEqual(r.hosts, truth) {
-			t.Fatalf("replica %v, etcd %v", slices.Sorted(maps.Keys(r.hosts)), slices.Sorted(maps.Keys(truth)))
-		}
+		r.matches(cli, prefix)
 		if down == nil {
 			t.Fatal("no Down of b")
 		}
@@ -611,9 +816,7 @@ func TestHostWatcher(t *testing.T) {
 			t.Fatalf("Down of b at revision %d, before its delete at %d", down.Revision, txn.Header.Revision)
 		}
 		quiet(t, cli, w, prefix)
-		if w.Err() != nil {
-			t.Fatalf("Err %v", w.Err())
-		}
+		wtNoErr(t, w)
 	})
 
 	t.Run("keeps running across an etcd restart", func(t *testing.T) {
@@ -638,9 +841,7 @@ func TestHostWatcher(t *testing.T) {
 			t.Fatal(err)
 		}
 		expect(t, w, HostDown, "a")
-		if w.Err() != nil {
-			t.Fatalf("Err %v", w.Err())
-		}
+		wtNoErr(t, w)
 	})
 
 	t.Run("retries listing while etcd's answer cannot be read", func(t *testing.T) {
@@ -658,10 +859,10 @@ func TestHostWatcher(t *testing.T) {
 		for i := range 50 {
 			wtPut(t, cli, prefix, meta(fmt.Sprintf("h%02d", i)), lease)
 		}
-		log := &wtLog{}
-		w := wtWatch(t, ctx, small, WatcherOptions{Prefix: prefix, Logger: log.logger()})
-		wtEventually(t, "a failed list", func() bool { return log.has("coord: list hosts failed, retrying", "") })
-		if wtClosed(w.Synced()) {
+		tap, log := newLogTap()
+		w := wtWatch(t, ctx, small, WatcherOptions{Prefix: prefix, Logger: log})
+		eventually(t, "a failed list", func() bool { return tap.has("coord: list hosts failed, retrying", "") })
+		if isClosed(w.Synced()) {
 			t.Fatal("Synced closed without a snapshot")
 		}
 		// Once the answer fits, the next try gets the snapshot.
@@ -671,256 +872,17 @@ func TestHostWatcher(t *testing.T) {
 			}
 		}
 		r := newWtReplica(t)
-		for range 10 {
-			r.apply(next(t, w))
-		}
+		r.applyNext(w, 10)
 		if !closedWithin(w.Synced()) {
 			t.Fatal("Synced not closed")
 		}
-		if truth := wtTruth(t, cli, prefix); !reflect.DeepEqual(r.hosts, truth) {
-			t.Fatalf("replica %v, etcd %v", slices.Sorted(maps.Keys(r.hosts)), slices.Sorted(maps.Keys(truth)))
-		}
-		if w.Err() != nil {
-			t.Fatalf("Err %v", w.Err())
-		}
+		r.matches(cli, prefix)
+		wtNoErr(t, w)
 	})
+}
 
-	t.Run("lists in pages of PageSize hosts, each read at the first page's revision", func(t *testing.T) {
-		srv, cli := newEtcd(t)
-		ctx, prefix := testCtx(t), prefixFor(t)
-		lease := wtGrant(t, cli)
-		for _, id := range []string{"a", "b", "c", "d", "e", "f", "g"} {
-			wtPut(t, cli, prefix, meta(id), lease)
-		}
-		e := meta("e")
-		e.Version = "2.0"
-		var changed int64 // the revision of the changes made between pages
-		c, ranges := wtRangeClient(t, srv.ClientConfig(), func(n int) {
-			if n != 2 {
-				return
-			}
-			// Between the first page and the second: a host of a later
-			// page goes, one comes, one is updated. Read at the first
-			// page's revision, the listing sees none of it.
-			resp, err := cli.Txn(ctx).Then(clientv3.OpDelete(prefix+"f"),
-				clientv3.OpPut(prefix+"cc", wtJSON(meta("cc")), clientv3.WithLease(lease)),
-				clientv3.OpPut(prefix+"e", wtJSON(e), clientv3.WithLease(lease))).Commit()
-			if err != nil {
-				t.Errorf("changing hosts between pages: %v", err)
-				return
-			}
-			atomic.StoreInt64(&changed, resp.Header.Revision)
-		})
-		w := wtWatch(t, ctx, c, WatcherOptions{Prefix: prefix, PageSize: 3})
-		r := newWtReplica(t)
-		var snap int64
-		for _, id := range []string{"a", "b", "c", "d", "e", "f", "g"} {
-			ev := expect(t, w, HostUp, id)
-			r.apply(ev)
-			if snap == 0 {
-				snap = ev.Revision
-			}
-			if !ev.Synthetic || ev.Revision != snap || !reflect.DeepEqual(ev.Metadata, meta(id)) {
-				t.Fatalf("snapshot event %+v, want synthetic at revision %d with %+v", ev, snap, meta(id))
-			}
-		}
-		if !closedWithin(w.Synced()) {
-			t.Fatal("Synced not closed")
-		}
-		rev := atomic.LoadInt64(&changed)
-		for _, want := range []struct {
-			kind HostEventKind
-			m    HostMetadata
-		}{{HostDown, meta("f")}, {HostUp, meta("cc")}, {HostUpdated, e}} {
-			ev := expect(t, w, want.kind, want.m.HostUUID)
-			wtCheck(t, ev, want.m, rev, false)
-			r.apply(ev)
-		}
-		if rev <= snap {
-			t.Fatalf("changes at revision %d, not after the snapshot at %d", rev, snap)
-		}
-		quiet(t, cli, w, prefix)
-		if truth := wtTruth(t, cli, prefix); !reflect.DeepEqual(r.hosts, truth) {
-			t.Fatalf("replica %v, etcd %v", slices.Sorted(maps.Keys(r.hosts)), slices.Sorted(maps.Keys(truth)))
-		}
-		pages := ranges.list()
-		if len(pages) != 3 {
-			t.Fatalf("%d Range responses, want 3 pages of 3, 3 and 1 hosts: %+v", len(pages), pages)
-		}
-		for i, p := range pages {
-			more := i < 2
-			if p.limit != 3 || p.kvs > 3 || p.more != more || (i > 0 && p.rev != snap) {
-				t.Fatalf("page %d: %+v, want at most 3 hosts (limit 3), more %v, read at revision %d", i+1, p, more, snap)
-			}
-		}
-	})
-
-	t.Run("lists again from the first page when a page's revision is compacted away", func(t *testing.T) {
-		srv, cli := newEtcd(t)
-		ctx, prefix := testCtx(t), prefixFor(t)
-		lease := wtGrant(t, cli)
-		for _, id := range []string{"a", "b", "c"} {
-			wtPut(t, cli, prefix, meta(id), lease)
-		}
-		var compacted int64
-		c, ranges := wtRangeClient(t, srv.ClientConfig(), func(n int) {
-			if n != 2 {
-				return
-			}
-			// Before the second page: a host comes, and etcd compacts
-			// its history up to it, the first page's revision included.
-			put, err := cli.Put(ctx, prefix+"b2", wtJSON(meta("b2")), clientv3.WithLease(lease))
-			if err == nil {
-				_, err = cli.Compact(ctx, put.Header.Revision, clientv3.WithCompactPhysical())
-			}
-			if err != nil {
-				t.Errorf("compacting between pages: %v", err)
-				return
-			}
-			atomic.StoreInt64(&compacted, put.Header.Revision)
-		})
-		tap, log := newLogTap()
-		w := wtWatch(t, ctx, c, WatcherOptions{Prefix: prefix, PageSize: 2, Logger: log})
-		rev := int64(0)
-		for _, id := range []string{"a", "b", "b2", "c"} {
-			ev := expect(t, w, HostUp, id)
-			rev = atomic.LoadInt64(&compacted)
-			wtCheck(t, ev, meta(id), rev, true)
-		}
-		if !closedWithin(w.Synced()) {
-			t.Fatal("Synced not closed")
-		}
-		if tap.count("coord: listing compacted away, listing again") != 1 {
-			t.Fatal("no record of the listing started again")
-		}
-		quiet(t, cli, w, prefix)
-		// Answered: the first page (the second failed), then the listing
-		// again: its first page at the latest revision, its second at that.
-		if pages := ranges.list(); len(pages) != 3 || pages[1].rev != 0 || pages[2].rev != rev {
-			t.Fatalf("Range responses %+v, want the first page, then two pages, the second read at %d", pages, rev)
-		}
-	})
-
-	t.Run("lists again in pages after a compaction, reusing what did not change", func(t *testing.T) {
-		srv, cli := newEtcd(t)
-		ctx, prefix := testCtx(t), prefixFor(t)
-		lease := wtGrant(t, cli)
-		for _, id := range []string{"a", "b", "c", "m", "y", "z"} {
-			wtPut(t, cli, prefix, meta(id), lease)
-		}
-		px := srv.NewProxy(t)
-		c, ranges := wtRangeClient(t, px.ClientConfig(), nil)
-		w := wtWatch(t, ctx, c, WatcherOptions{Prefix: prefix, PageSize: 2})
-		r := newWtReplica(t)
-		for range 6 {
-			r.apply(next(t, w))
-		}
-		if !closedWithin(w.Synced()) {
-			t.Fatal("Synced not closed")
-		}
-		listed := len(ranges.list())
-
-		// As in the compaction test above: the watch resumes after the
-		// compacted revision and breaks; the watcher lists again.
-		px.Blackhole()
-		m := meta("m")
-		m.Version = "2.0"
-		wtPut(t, cli, prefix, m, lease)
-		wtPut(t, cli, prefix, meta("n"), lease)
-		for _, id := range []string{"a", "z"} { // the first and the last go
-			if _, err := cli.Delete(ctx, prefix+id); err != nil {
-				t.Fatal(err)
-			}
-		}
-		rev := srv.Compact(ctx)
-		srv.Stop()
-		px.Unblackhole()
-		srv.Restart()
-
-		for _, want := range []struct {
-			kind HostEventKind
-			id   string
-		}{{HostDown, "a"}, {HostUpdated, "m"}, {HostUp, "n"}, {HostDown, "z"}} {
-			ev := expect(t, w, want.kind, want.id)
-			if !ev.Synthetic || ev.Revision != rev {
-				t.Fatalf("resync event %+v, want synthetic at revision %d", ev, rev)
-			}
-			r.apply(ev)
-		}
-		quiet(t, cli, w, prefix)
-		if truth := wtTruth(t, cli, prefix); !reflect.DeepEqual(r.hosts, truth) {
-			t.Fatalf("replica %v, etcd %v", slices.Sorted(maps.Keys(r.hosts)), slices.Sorted(maps.Keys(truth)))
-		}
-		// b, c, m, n, y: three pages of at most 2.
-		pages := ranges.list()[listed:]
-		if len(pages) != 3 {
-			t.Fatalf("the listing again took %d Range responses, want 3: %+v", len(pages), pages)
-		}
-		for i, p := range pages {
-			if p.limit != 2 || p.kvs > 2 || (i > 0 && p.rev != rev) {
-				t.Fatalf("page %d of the listing again: %+v, want at most 2 hosts, read at revision %d", i+1, p, rev)
-			}
-		}
-	})
-
-	t.Run("starts many watchers at once on a three-member cluster, each in pages", func(t *testing.T) {
-		c := coordtest.NewCluster(t, 3)
-		cli := c.Client()
-		ctx, prefix := testCtx(t), prefixFor(t)
-		const hosts, watchers, page = 300, 12, 40
-		lease := wtGrant(t, cli)
-		for i := 0; i < hosts; i += 100 {
-			var ops []clientv3.Op
-			for j := i; j < i+100; j++ {
-				id := fmt.Sprintf("h%04d", j)
-				ops = append(ops, clientv3.OpPut(prefix+id, wtJSON(meta(id)), clientv3.WithLease(lease)))
-			}
-			if _, err := cli.Txn(ctx).Then(ops...).Commit(); err != nil {
-				t.Fatal(err)
-			}
-		}
-		truth := wtTruth(t, cli, prefix)
-		// Each on its own client: its pages go to any member.
-		ws := make([]*HostWatcher, watchers)
-		rs := make([]*wtRanges, watchers)
-		for i := range ws {
-			var cc *clientv3.Client
-			cc, rs[i] = wtRangeClient(t, c.ClientConfig(), nil)
-			ws[i] = wtWatch(t, ctx, cc, WatcherOptions{Prefix: prefix, PageSize: page})
-		}
-		var wg sync.WaitGroup
-		replicas := make([]map[string]HostMetadata, watchers)
-		for i, w := range ws {
-			wg.Go(func() {
-				replicas[i] = map[string]HostMetadata{}
-				for ev := range w.Events() {
-					replicas[i][ev.HostUUID] = ev.Metadata
-					if len(replicas[i]) == hosts {
-						return
-					}
-				}
-			})
-		}
-		wg.Wait()
-		for i, w := range ws {
-			if !closedWithin(w.Synced()) {
-				t.Fatalf("watcher %d: Synced not closed", i)
-			}
-			if !reflect.DeepEqual(replicas[i], truth) {
-				t.Fatalf("watcher %d: replica of %d hosts differs from etcd's %d", i, len(replicas[i]), len(truth))
-			}
-			pages := rs[i].list()
-			for _, p := range pages {
-				if p.kvs > page {
-					t.Fatalf("watcher %d: a Range response of %d hosts, over PageSize %d", i, p.kvs, page)
-				}
-			}
-			if len(pages) < hosts/page {
-				t.Fatalf("watcher %d: %d Range responses for %d hosts in pages of %d", i, len(pages), hosts, page)
-			}
-		}
-	})
-
+// TestHostWatcherLifecycle covers options, defaults and the ways a watcher ends.
+func TestHostWatcherLifecycle(t *testing.T) {
 	t.Run("Close is idempotent, closes Events and leaves Err nil", func(t *testing.T) {
 		_, cli := newEtcd(t)
 		ctx, prefix := testCtx(t), prefixFor(t)
@@ -1007,17 +969,17 @@ func TestHostWatcher(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { c.Close() })
-		log := &wtLog{}
-		w := wtWatch(t, ctx, c, WatcherOptions{Prefix: prefix, Logger: log.logger()})
+		tap, log := newLogTap()
+		w := wtWatch(t, ctx, c, WatcherOptions{Prefix: prefix, Logger: log})
 		wtEnded(t, w)
 		if !errors.Is(w.Err(), rpctypes.ErrPermissionDenied) || !strings.Contains(w.Err().Error(), prefix) {
 			t.Fatalf("Err %v, want permission denied on %q", w.Err(), prefix)
 		}
-		if wtClosed(w.Synced()) {
+		if isClosed(w.Synced()) {
 			t.Fatal("Synced closed without a snapshot")
 		}
-		if !log.has("coord: host watcher ended", "") {
-			t.Fatalf("no record of the end; log:\n%s", log)
+		if !tap.has("coord: host watcher ended", "") {
+			t.Fatalf("no record of the end; log:\n%s", tap.text())
 		}
 	})
 
@@ -1056,16 +1018,6 @@ func TestHostWatcher(t *testing.T) {
 		}
 		if cap(w.Events()) != DefaultWatcherBuffer {
 			t.Fatalf("Events capacity %d, want %d", cap(w.Events()), DefaultWatcherBuffer)
-		}
-	})
-
-	t.Run("names the event kinds up, down and updated, and unknown values by number", func(t *testing.T) {
-		for k, want := range map[HostEventKind]string{
-			HostUp: "up", HostDown: "down", HostUpdated: "updated", HostEventKind(7): "HostEventKind(7)",
-		} {
-			if got := k.String(); got != want {
-				t.Errorf("HostEventKind(%d).String() = %q, want %q", int(k), got, want)
-			}
 		}
 	})
 }
@@ -1109,33 +1061,19 @@ func wtEnded(t *testing.T, w *HostWatcher) {
 	}
 }
 
+// wtNoErr fails the test if w has failed.
+func wtNoErr(t *testing.T, w *HostWatcher) {
+	t.Helper()
+	if err := w.Err(); err != nil {
+		t.Fatalf("Err %v", err)
+	}
+}
+
 // wtCheck checks an event's metadata, revision (unless 0) and origin.
 func wtCheck(t *testing.T, ev HostEvent, m HostMetadata, rev int64, synthetic bool) {
 	t.Helper()
 	if !reflect.DeepEqual(ev.Metadata, m) || (rev != 0 && ev.Revision != rev) || ev.Synthetic != synthetic {
 		t.Fatalf("event %+v, want metadata %+v, revision %d, synthetic %v", ev, m, rev, synthetic)
-	}
-}
-
-// wtClosed reports whether c is closed now.
-func wtClosed(c <-chan struct{}) bool {
-	select {
-	case <-c:
-		return true
-	default:
-		return false
-	}
-}
-
-// wtEventually waits until cond holds, failing the test after patience.
-func wtEventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(patience())
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("no %s before the deadline", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -1168,22 +1106,6 @@ func wtJSON(m HostMetadata) string {
 	return string(b)
 }
 
-// wtTruth reads the hosts etcd holds under prefix, as a watcher should see them.
-func wtTruth(t *testing.T, cli *clientv3.Client, prefix string) map[string]HostMetadata {
-	t.Helper()
-	resp, err := cli.Get(testCtx(t), prefix, clientv3.WithPrefix())
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]HostMetadata{}
-	for _, kv := range resp.Kvs {
-		if m, err := decodeHost(prefix, kv.Key, kv.Value); err == nil {
-			out[m.HostUUID] = m
-		}
-	}
-	return out
-}
-
 func wtSorted(hosts map[string]HostMetadata) []HostMetadata {
 	out := make([]HostMetadata, 0, len(hosts))
 	for _, id := range slices.Sorted(maps.Keys(hosts)) {
@@ -1200,6 +1122,29 @@ func wtIDs(hosts []HostMetadata) []string {
 	return ids
 }
 
+// wtPutAll writes the metadata of hosts ids under lease.
+func wtPutAll(t *testing.T, cli *clientv3.Client, prefix string, lease clientv3.LeaseID, ids ...string) {
+	t.Helper()
+	for _, id := range ids {
+		wtPut(t, cli, prefix, meta(id), lease)
+	}
+}
+
+// wtPutHosts writes n hosts, h0000 on, under lease, a hundred a Txn.
+func wtPutHosts(t *testing.T, cli *clientv3.Client, prefix string, lease clientv3.LeaseID, n int) {
+	t.Helper()
+	for i := 0; i < n; i += 100 {
+		var ops []clientv3.Op
+		for j := i; j < min(i+100, n); j++ {
+			id := fmt.Sprintf("h%04d", j)
+			ops = append(ops, clientv3.OpPut(prefix+id, wtJSON(meta(id)), clientv3.WithLease(lease)))
+		}
+		if _, err := cli.Txn(testCtx(t)).Then(ops...).Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // wtReplica is a consumer's copy of the host set, built from events. It
 // fails the test on an event that does not fit the copy.
 type wtReplica struct {
@@ -1210,6 +1155,23 @@ type wtReplica struct {
 
 func newWtReplica(t *testing.T) *wtReplica {
 	return &wtReplica{t: t, hosts: map[string]HostMetadata{}, ups: map[string]int{}}
+}
+
+// applyNext applies the next n events of w.
+func (r *wtReplica) applyNext(w *HostWatcher, n int) {
+	r.t.Helper()
+	for range n {
+		r.apply(next(r.t, w))
+	}
+}
+
+// matches fails the test unless the replica holds the hosts etcd holds
+// under prefix.
+func (r *wtReplica) matches(cli *clientv3.Client, prefix string) {
+	r.t.Helper()
+	if truth := truth(r.t, cli, prefix); !reflect.DeepEqual(r.hosts, truth) {
+		r.t.Fatalf("replica %v, etcd %v", slices.Sorted(maps.Keys(r.hosts)), slices.Sorted(maps.Keys(truth)))
+	}
 }
 
 func (r *wtReplica) apply(ev HostEvent) {
@@ -1235,39 +1197,6 @@ func (r *wtReplica) apply(ev HostEvent) {
 	default:
 		r.t.Fatalf("event of kind %v", ev.Kind)
 	}
-}
-
-// wtLog collects a logger's JSON records; safe for concurrent use.
-type wtLog struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *wtLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *wtLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
-func (l *wtLog) logger() *slog.Logger {
-	return slog.New(slog.NewJSONHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-// has reports whether a record with msg (and key, unless "") was logged.
-func (l *wtLog) has(msg, key string) bool {
-	for line := range strings.Lines(l.String()) {
-		var rec map[string]any
-		if json.Unmarshal([]byte(line), &rec) == nil && rec["msg"] == msg && (key == "" || rec["key"] == key) {
-			return true
-		}
-	}
-	return false
 }
 
 // wtRange is one Range a client sent and the answer it got.

@@ -327,6 +327,12 @@ func (s *Server) Revision(ctx context.Context) int64 {
 	s.f.Helper()
 	s.lifeMu.Lock()
 	defer s.lifeMu.Unlock()
+	return s.mustRevisionLocked(ctx)
+}
+
+// mustRevisionLocked is revisionLocked, failing the test on an error.
+func (s *Server) mustRevisionLocked(ctx context.Context) int64 {
+	s.f.Helper()
 	rev, err := s.revisionLocked(ctx)
 	if err != nil {
 		s.f.Fatalf("coordtest: %v", err)
@@ -343,11 +349,8 @@ func (s *Server) Compact(ctx context.Context) int64 {
 	s.f.Helper()
 	s.lifeMu.Lock()
 	defer s.lifeMu.Unlock()
-	rev, err := s.revisionLocked(ctx)
-	if err != nil {
-		s.f.Fatalf("coordtest: %v", err)
-	}
-	_, err = s.etcd.Server.Compact(ctx, &pb.CompactionRequest{Revision: rev, Physical: true})
+	rev := s.mustRevisionLocked(ctx)
+	_, err := s.etcd.Server.Compact(ctx, &pb.CompactionRequest{Revision: rev, Physical: true})
 	if err != nil && !errors.Is(err, mvcc.ErrCompacted) {
 		s.f.Fatalf("coordtest: compacting at revision %d: %v", rev, err)
 	}

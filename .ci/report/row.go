@@ -51,11 +51,7 @@ func profileStats(profile string) (pct, covered, total string, c *coverage, err 
 // or else GATE (package coord misses the coverage gate), SKIP (a test
 // skipped that SKIPS does not declare), or GATE+SKIP.
 func rowCmd(w writer, target, logName, profile, secs, rc, skipsName string) error {
-	l, err := readLog(logName)
-	if err != nil {
-		return err
-	}
-	declared, err := readSkips(skipsName)
+	l, declared, err := readLogAndSkips(logName, skipsName)
 	if err != nil {
 		return err
 	}
@@ -94,11 +90,7 @@ func rowCmd(w writer, target, logName, profile, secs, rc, skipsName string) erro
 // tests skipped, and those of them that SKIPS does not declare, with the
 // reason each gave.
 func reportCmd(w writer, logName, profile, skipsName string) error {
-	l, err := readLog(logName)
-	if err != nil {
-		return err
-	}
-	declared, err := readSkips(skipsName)
+	l, declared, err := readLogAndSkips(logName, skipsName)
 	if err != nil {
 		return err
 	}

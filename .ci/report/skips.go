@@ -76,3 +76,17 @@ func checkSkips(w writer, name string) (bool, error) {
 	}
 	return ok, nil
 }
+
+// readLogAndSkips reads the go test -json log and the declared skips that
+// every command judging a run needs.
+func readLogAndSkips(logName, skipsName string) (*testLog, map[string]bool, error) {
+	l, err := readLog(logName)
+	if err != nil {
+		return nil, nil, err
+	}
+	declared, err := readSkips(skipsName)
+	if err != nil {
+		return nil, nil, err
+	}
+	return l, declared, nil
+}

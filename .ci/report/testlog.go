@@ -213,11 +213,7 @@ func (l *testLog) count(action string) int {
 // skipsCmd prints the skipped tests of LOG, one a line, tab-separated:
 // declared|undeclared TEST PACKAGE REASON.
 func skipsCmd(w writer, logName, skipsName string) error {
-	l, err := readLog(logName)
-	if err != nil {
-		return err
-	}
-	declared, err := readSkips(skipsName)
+	l, declared, err := readLogAndSkips(logName, skipsName)
 	if err != nil {
 		return err
 	}

@@ -125,10 +125,10 @@ func (e *Election) bind(ctx context.Context) (context.Context, context.CancelFun
 	return withCancelOn(ctx, e.ctx)
 }
 
-// fail explains an error met by a call: ErrClosed if Close cut it short,
+// callErr explains an error met by a call: ErrClosed if Close cut it short,
 // ErrClientClosed once the client is closed, else what was being done,
 // wrapping err (and the end of ctx).
-func (e *Election) fail(ctx context.Context, what string, err error) error {
+func (e *Election) callErr(ctx context.Context, what string, err error) error {
 	switch {
 	case e.ctx.Err() != nil:
 		err = ErrClosed
@@ -184,7 +184,7 @@ func (e *Election) campaign(ctx context.Context, identity string, wait bool) (bo
 	}
 	if ctx.Err() != nil {
 		// Not started: nothing is written.
-		return false, e.fail(ctx, "campaign", ctx.Err())
+		return false, e.callErr(ctx, "campaign", ctx.Err())
 	}
 	if took, err := e.takeTurn(ctx, wait); !took {
 		return false, err
@@ -231,7 +231,7 @@ func (e *Election) takeTurn(ctx context.Context, wait bool) (bool, error) {
 		case e.turn <- struct{}{}:
 		default:
 			if e.ctx.Err() != nil {
-				return false, e.fail(ctx, "campaign", ErrClosed)
+				return false, e.callErr(ctx, "campaign", ErrClosed)
 			}
 			return false, nil
 		}
@@ -239,16 +239,16 @@ func (e *Election) takeTurn(ctx context.Context, wait bool) (bool, error) {
 		select {
 		case e.turn <- struct{}{}:
 		case <-ctx.Done():
-			return false, e.fail(ctx, "campaign", ctx.Err())
+			return false, e.callErr(ctx, "campaign", ctx.Err())
 		case <-e.ctx.Done():
 			// Close holds the turn for good: it is not ours to take.
-			return false, e.fail(ctx, "campaign", ErrClosed)
+			return false, e.callErr(ctx, "campaign", ErrClosed)
 		}
 	}
 	if e.ctx.Err() != nil || e.cli.Ctx().Err() != nil {
 		// Calls on a closed client would retry for seconds before failing.
 		e.release()
-		return false, e.fail(ctx, "campaign", ErrClosed)
+		return false, e.callErr(ctx, "campaign", ErrClosed)
 	}
 	return true, nil
 }
@@ -259,7 +259,7 @@ func (e *Election) campaignErr(ctx, cctx context.Context, err error) error {
 	if errors.Is(context.Cause(cctx), ErrResigned) && ctx.Err() == nil && e.ctx.Err() == nil {
 		return opErr(fmt.Sprintf("campaign %q", e.key), ErrResigned)
 	}
-	return e.fail(ctx, "campaign", err)
+	return e.callErr(ctx, "campaign", err)
 }
 
 // try runs one candidacy on the live session: it puts our key, waits for
@@ -615,7 +615,7 @@ func (e *Election) dropKey(l *leadership) {
 // wait for a pending Campaign.
 func (e *Election) Proclaim(ctx context.Context, identity string) error {
 	if e.ctx.Err() != nil || e.cli.Ctx().Err() != nil {
-		return e.fail(ctx, "proclaim", ErrClosed)
+		return e.callErr(ctx, "proclaim", ErrClosed)
 	}
 	l := e.current()
 	if l == nil {
@@ -632,7 +632,7 @@ func (e *Election) proclaim(ctx context.Context, l *leadership, identity string)
 	resp, err := e.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.rev)).
 		Then(clientv3.OpPut(l.key, identity, clientv3.WithLease(l.sess.id))).Commit()
 	if err != nil {
-		return e.fail(ctx, "proclaim", err)
+		return e.callErr(ctx, "proclaim", err)
 	}
 	if !resp.Succeeded {
 		return opErr(fmt.Sprintf("proclaim %q", e.key), ErrNotLeader)
@@ -651,7 +651,7 @@ func (e *Election) Resign(ctx context.Context) error {
 	if e.ctx.Err() != nil || ctx.Err() != nil || e.cli.Ctx().Err() != nil {
 		// Not started: nothing changes. (A closed client sends nothing
 		// more, as after a crash: the key goes with the lease.)
-		return e.fail(ctx, "resign", ctx.Err())
+		return e.callErr(ctx, "resign", ctx.Err())
 	}
 	e.mu.Lock()
 	l, pending := e.lead, e.pending
@@ -670,7 +670,7 @@ func (e *Election) Resign(ctx context.Context) error {
 		Then(clientv3.OpDelete(l.key)).Commit()
 	if err != nil {
 		l.sess.end(errors.New("leader key could not be deleted on resign"))
-		return e.fail(ctx, "resign", err)
+		return e.callErr(ctx, "resign", err)
 	}
 	return nil
 }
@@ -742,7 +742,7 @@ func (o *observer) run(ctx context.Context) {
 				r = retry{}
 			}
 		}
-		if o.e.over(ctx) {
+		if o.ended(ctx) {
 			return
 		}
 		if fatal(ctx, o.e.cli, err) != nil {
@@ -790,10 +790,10 @@ func (o *observer) follow(ctx context.Context, resp *clientv3.GetResponse) (news
 	}
 }
 
-// over reports whether an observer is over: its ctx ended (Close included)
-// or the client was closed.
-func (e *Election) over(ctx context.Context) bool {
-	return ctx.Err() != nil || e.cli.Ctx().Err() != nil
+// ended reports whether the observer is to end: its ctx ended (Close
+// included) or the client was closed.
+func (o *observer) ended(ctx context.Context) bool {
+	return ctx.Err() != nil || o.e.cli.Ctx().Err() != nil
 }
 
 // leaderOf returns the value of the candidate created first, "" if none.

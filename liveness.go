@@ -229,8 +229,8 @@ func (h *HostLiveness) waitOut(ctx context.Context, lease clientv3.LeaseID) erro
 			expiry = time.Now().Add(left)
 		}
 		if !expiry.IsZero() {
-			over, werr := h.watchHolder(ctx, lease, expiry)
-			if over {
+			gone, werr := h.watchHolder(ctx, lease, expiry)
+			if gone {
 				return nil
 			}
 			err = werr
@@ -484,7 +484,7 @@ func (h *HostLiveness) write(ctx context.Context, meta HostMetadata) (gen uint64
 		return 0, false, ctx.Err()
 	}
 	defer func() { <-h.writes }()
-	if err := h.over(); err != nil {
+	if err := h.endErr(); err != nil {
 		return 0, false, err
 	}
 	h.mu.Lock()
@@ -533,15 +533,15 @@ func (h *HostLiveness) awaitHeal(ctx context.Context, gen uint64) error {
 		case <-h.done:
 		case <-h.life.Done():
 		}
-		if err := h.over(); err != nil {
+		if err := h.endErr(); err != nil {
 			return err
 		}
 	}
 }
 
-// over returns why the registration takes no more writes, nil while it
+// endErr returns why the registration takes no more writes, nil while it
 // lives.
-func (h *HostLiveness) over() error {
+func (h *HostLiveness) endErr() error {
 	select {
 	case <-h.done:
 		h.mu.Lock()

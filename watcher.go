@@ -208,7 +208,7 @@ func (w *HostWatcher) relist(ctx, cctx context.Context, o *outbox, r *retry) (in
 				emit(w.signal, Signal{Kind: SignalWatcherResync, Key: w.prefix, Count: len(o.queue) - queued})
 			}
 			return s.rev, true
-		case w.stop(ctx, err):
+		case w.endIfFatal(ctx, err):
 			return 0, false
 		case errors.Is(err, rpctypes.ErrCompacted):
 			// A page is read at the first page's revision, which etcd
@@ -236,7 +236,7 @@ func (w *HostWatcher) follow(ctx, cctx context.Context, o *outbox, rev int64, r 
 		case wr, ok := <-wch:
 			if !ok || wr.Err() != nil {
 				cancel()
-				if w.stop(ctx, wr.Err()) {
+				if w.endIfFatal(ctx, wr.Err()) {
 					return false
 				}
 				w.log.Info("coord: host watch broke, resyncing", "err", wr.Err())
@@ -267,9 +267,9 @@ func (w *HostWatcher) update(o *outbox, wr clientv3.WatchResponse) {
 	}
 }
 
-// stop ends the watcher if err, or the state of ctx and the client, says
+// endIfFatal ends the watcher if err, or the state of ctx and the client, says
 // it cannot go on, and reports whether it did.
-func (w *HostWatcher) stop(ctx context.Context, err error) bool {
+func (w *HostWatcher) endIfFatal(ctx context.Context, err error) bool {
 	if status.Code(err) == codes.ResourceExhausted {
 		// Our requests are small: an answer too large for the client, or
 		// etcd too busy. Neither is for good: the hosts may shrink.

@@ -463,54 +463,6 @@ func TestHostLivenessOwnership(t *testing.T) {
 	})
 }
 
-func TestHostLivenessRefusesBadInput(t *testing.T) {
-	srv, cli := newEtcd(t)
-	bigMeta := meta("big")
-	bigMeta.Labels["x"] = strings.Repeat("x", 2<<20)
-	cases := []struct {
-		name string
-		cli  *clientv3.Client
-		meta HostMetadata
-		opts LivenessOptions
-		want error
-	}{
-		{"nil client", nil, meta("a"), LivenessOptions{}, ErrNilClient},
-		{"empty HostUUID", cli, meta(""), LivenessOptions{}, ErrInvalidHostUUID},
-		{"HostUUID with a slash", cli, meta("a/b"), LivenessOptions{}, ErrInvalidHostUUID},
-		{"prefix without a trailing slash", cli, meta("a"), LivenessOptions{Prefix: "/hosts"}, ErrInvalidKey},
-		{"negative TTL", cli, meta("a"), LivenessOptions{TTL: -time.Second}, ErrInvalidTTL},
-		{"sub-second TTL", cli, meta("a"), LivenessOptions{TTL: 1500 * time.Millisecond}, ErrInvalidTTL},
-		{"metadata larger than etcd accepts", cli, bigMeta, LivenessOptions{}, nil},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			h, err := RegisterHostLiveness(testCtx(t), c.cli, c.meta, c.opts)
-			if err == nil || (c.want != nil && !errors.Is(err, c.want)) {
-				t.Fatalf("got %v %v, want %v", h, err, c.want)
-			}
-			if !strings.HasPrefix(err.Error(), "coord: ") {
-				t.Fatalf("error %q lacks the package prefix", err)
-			}
-			if n := keyCount(t, cli, ""); n != 0 {
-				t.Fatalf("%d keys written", n)
-			}
-			leases, err := cli.Leases(testCtx(t))
-			if err != nil || len(leases.Leases) != 0 {
-				t.Fatalf("leases left: %v %v", leases, err)
-			}
-		})
-	}
-	t.Run("cancelled ctx", func(t *testing.T) {
-		ctx, cancel := context.WithCancel(context.Background())
-		cancel()
-		_, err := RegisterHostLiveness(ctx, cli, meta("a"), LivenessOptions{})
-		if !errors.Is(err, context.Canceled) {
-			t.Fatalf("got %v", err)
-		}
-	})
-	_ = srv
-}
-
 func TestHostLivenessReportsGrantedTTL(t *testing.T) {
 	// An etcd whose election timeout makes its minimum TTL 2 s.
 	srv := coordtest.NewServerWith(t, coordtest.Config{TickMs: 100, ElectionMs: 1000})

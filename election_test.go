@@ -240,6 +240,7 @@ type etHooks struct {
 	mu    sync.Mutex
 	hooks map[string]func() error // by full method name; each runs once
 	lost  map[string]bool         // methods whose next answer is lost
+	after map[string]func()       // run once a method is answered; each runs once
 }
 
 // on runs f the next time the client sends method (e.g. "/etcdserverpb.KV/Txn").
@@ -274,11 +275,25 @@ func (h *etHooks) fire(method string) error {
 	return nil
 }
 
-func (h *etHooks) answer(method string, err error) error {
+// onAnswer runs f the next time etcd answers method, before the caller
+// gets the answer.
+func (h *etHooks) onAnswer(method string, f func()) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if err == nil && h.lost[method] {
-		delete(h.lost, method)
+	h.after[method] = f
+}
+
+func (h *etHooks) answer(method string, err error) error {
+	h.mu.Lock()
+	f := h.after[method]
+	delete(h.after, method)
+	lose := err == nil && h.lost[method]
+	delete(h.lost, method)
+	h.mu.Unlock()
+	if f != nil {
+		f()
+	}
+	if lose {
 		return errors.New("test: answer lost on the way back")
 	}
 	return err
@@ -288,7 +303,7 @@ func (h *etHooks) answer(method string, err error) error {
 // set on the returned etHooks first. It is closed at the end of the test.
 func etHookedClient(t *testing.T, cfg clientv3.Config) (*clientv3.Client, *etHooks) {
 	t.Helper()
-	h := &etHooks{hooks: map[string]func() error{}, lost: map[string]bool{}}
+	h := &etHooks{hooks: map[string]func() error{}, lost: map[string]bool{}, after: map[string]func(){}}
 	cfg.DialOptions = append(slices.Clone(cfg.DialOptions),
 		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any,
 			cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
@@ -1580,6 +1595,21 @@ func TestElectionContract(t *testing.T) {
 				t.Fatalf("try %v returned %v after it was called, its ctx was 200ms", try, took)
 			}
 		}
+	})
+	t.Run("A session that ends as the candidate put is answered is not led on: Campaign leads on a new one", func(t *testing.T) {
+		srv, _ := newEtcd(t)
+		hcli, hooks := etHookedClient(t, srv.ClientConfig())
+		e := etElection(t, hcli, ElectionOptions{})
+		first := etSession(e)
+		// Nobody is ahead, so no turn is waited for: the session's end is
+		// seen only by the check before leading.
+		hooks.onAnswer("/etcdserverpb.KV/Txn", func() { first.end(errors.New("test: session ended")) })
+		etCampaign(t, e, "a")
+		l := e.current()
+		if l == nil || l.sess == first || !e.IsLeader() {
+			t.Fatalf("Campaign returned nil, leading on the ended session: %v", l != nil && l.sess == first)
+		}
+		etOpen(t, e.Done(), "Done of the leadership")
 	})
 	t.Run("A candidate put whose answer is lost is withdrawn, and the session lives on", func(t *testing.T) {
 		srv, cli := newEtcd(t)

@@ -1496,6 +1496,38 @@ func TestNewElection(t *testing.T) {
 
 func TestElectionContract(t *testing.T) {
 	t.Parallel() // long and bound by waits: see "Parallel tests" in helpers_test.go
+	t.Run("A session lease granted after its caller gave up is revoked", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		p := srv.NewProxy(t)
+		// A slow link: etcd carries the grant out, and NewElection gives
+		// up while the answer is on its way back. The TTL is past the
+		// test's patience: only a revoke removes the lease in time.
+		slow := p.NewClient(t)
+		if _, err := slow.Get(testCtx(t), etKey); err != nil {
+			t.Fatal(err) // the connection is up before the link slows
+		}
+		delay := 300 * time.Millisecond * scale
+		p.Delay(delay)
+		ctx, cancel := context.WithTimeout(testCtx(t), delay*3/2)
+		defer cancel()
+		if _, err := NewElection(ctx, slow, ElectionOptions{Key: etKey, TTL: 2 * patience()}); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("NewElection on a slow link: %v, want DeadlineExceeded", err)
+		}
+		leases := func() int {
+			ctx, cancel := context.WithTimeout(context.Background(), patience())
+			defer cancel()
+			ls, err := cli.Leases(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return len(ls.Leases)
+		}
+		if n := leases(); n != 1 {
+			t.Fatalf("%d leases once NewElection gave up, want the one etcd granted", n)
+		}
+		p.Delay(0)
+		eventually(t, "no lease left", func() bool { return leases() == 0 })
+	})
 	t.Run("A session granted late is renewed at once, and the leadership gained on it lasts", func(t *testing.T) {
 		srv, cli := newEtcd(t)
 		p := srv.NewProxy(t)

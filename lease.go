@@ -411,14 +411,51 @@ type session struct {
 // errUnanswered is why a session whose renewals went unanswered ended.
 var errUnanswered = errors.New("lease renewals unanswered")
 
-// startSession grants a lease (bounded by ctx) and keeps it until parent
-// ends; wg counts the session's goroutine.
+// startSession grants a lease and keeps it until parent ends; wg counts
+// the session's goroutines. It returns at ctx's end, but the grant is not
+// bound to ctx, nor to parent (etcd may carry out a grant whose caller gave
+// up): it goes on, bounded by the TTL and the client's life, and a lease it
+// gets then is revoked.
 func startSession(ctx, parent context.Context, cli *clientv3.Client, ttl time.Duration, log *slog.Logger, wg *sync.WaitGroup) (*session, error) {
-	sent := time.Now()
-	g, err := cli.Grant(ctx, int64(ttl/time.Second))
-	if err != nil {
-		return nil, fmt.Errorf("grant session lease: %w", err)
+	if ctx.Err() != nil {
+		return nil, fmt.Errorf("grant session lease: %w", ctx.Err())
 	}
+	type grant struct {
+		g    *clientv3.LeaseGrantResponse
+		err  error
+		sent time.Time
+	}
+	res := make(chan grant)
+	abandoned := make(chan struct{})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		gctx, cancel := clientCtx(context.WithoutCancel(parent), cli)
+		defer cancel()
+		gctx, cancelT := context.WithTimeout(gctx, ttl)
+		defer cancelT()
+		sent := time.Now()
+		g, err := cli.Grant(gctx, int64(ttl/time.Second))
+		select {
+		case res <- grant{g, err, sent}:
+		case <-abandoned:
+			if err == nil {
+				err = revoke(context.Background(), cli, g.ID, time.Duration(g.TTL)*time.Second)
+				log.Debug("coord: revoked a session lease granted after its caller gave up", "lease", hexID(g.ID), "err", err)
+			}
+		}
+	}()
+	var r grant
+	select {
+	case r = <-res:
+	case <-ctx.Done():
+		close(abandoned)
+		return nil, fmt.Errorf("grant session lease: %w", ctx.Err())
+	}
+	if r.err != nil {
+		return nil, fmt.Errorf("grant session lease: %w", r.err)
+	}
+	g, sent := r.g, r.sent
 	s := &session{cli: cli, id: g.ID, ttl: time.Duration(g.TTL) * time.Second, log: log.With("lease", hexID(g.ID))}
 	s.parent = parent
 	s.ctx, s.cancel = context.WithCancelCause(parent)

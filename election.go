@@ -40,7 +40,8 @@ type Election struct {
 	sess    *session
 	lead    *leadership             // the latest leadership; over once its ctx is done
 	pending context.CancelCauseFunc // ends the campaign under way, if any
-	// unsettled is closed once the put of a candidacy given up is settled.
+	// unsettled is closed once what a candidacy given up left in etcd (its
+	// put, or its key being withdrawn) is settled.
 	unsettled <-chan struct{}
 }
 
@@ -299,8 +300,9 @@ func (e *Election) try(ctx context.Context, identity string, wait bool) (bool, e
 // fate is known (see unput).
 func (e *Election) candidate(ctx context.Context, s *session, identity string) (key string, rev, hdr int64, _ error) {
 	key = e.prefix + hexID(s.id)
-	// A put given up earlier is settled first: its key is this one, and
-	// its delete must not take the key of this candidacy.
+	// A candidacy given up earlier is settled first (its put, or its
+	// withdrawal): its key is this one, and its delete must not take the
+	// key of this candidacy.
 	e.mu.Lock()
 	unsettled := e.unsettled
 	e.mu.Unlock()
@@ -314,16 +316,8 @@ func (e *Election) candidate(ctx context.Context, s *session, identity string) (
 	select {
 	case p = <-res:
 	case <-ctx.Done():
-		settled := make(chan struct{})
-		e.mu.Lock()
-		e.unsettled = settled
-		e.mu.Unlock()
-		e.wg.Add(1)
-		go func(key string) {
-			defer e.wg.Done()
-			defer close(settled)
-			e.unput(s, key, <-res)
-		}(key)
+		k := key // key, a result, is cleared by the return
+		e.settle(func() { e.unput(s, k, <-res) })
 		return "", 0, 0, ctx.Err()
 	}
 	switch {
@@ -494,13 +488,27 @@ func (e *Election) withdraw(ctx context.Context, s *session, key string, rev int
 	if s.ctx.Err() != nil || e.deleteCandidate(ctx, s, key, rev) == nil {
 		return
 	}
-	e.wg.Add(1)
-	go func() {
-		defer e.wg.Done()
+	e.settle(func() {
 		if err := e.deleteWithin(s, key, rev); err != nil {
 			e.log.Warn("coord: cannot withdraw candidate, ending session", "lease", hexID(s.id), "err", err)
 			s.end(errors.New("candidate could not be withdrawn"))
 		}
+	})
+}
+
+// settle runs f, what settles a candidacy given up, in the background;
+// the next candidacy waits for it (see candidate). Called with the turn
+// held.
+func (e *Election) settle(f func()) {
+	settled := make(chan struct{})
+	e.mu.Lock()
+	e.unsettled = settled
+	e.mu.Unlock()
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		defer close(settled)
+		f()
 	}()
 }
 

@@ -238,9 +238,34 @@ func etGuarded(t *testing.T, cli *clientv3.Client, cmp clientv3.Cmp) bool {
 // or lose the answer of one that etcd carried out.
 type etHooks struct {
 	mu    sync.Mutex
-	hooks map[string]func() error // by full method name; each runs once
-	lost  map[string]bool         // methods whose next answer is lost
-	after map[string]func()       // run once a method is answered; each runs once
+	hooks map[string]func() error    // by full method name; each runs once
+	lost  map[string]bool            // methods whose next answer is lost
+	after map[string]func()          // run once a method is answered; each runs once
+	holds map[string]<-chan struct{} // the next live request of a method waits for it
+}
+
+// hold makes the next request of method sent with a live ctx wait, before
+// it is sent, until release is closed (or its ctx ends). Requests whose
+// ctx has ended already pass, to fail as they would.
+func (h *etHooks) hold(method string, release <-chan struct{}) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.holds[method] = release
+}
+
+func (h *etHooks) wait(ctx context.Context, method string) {
+	h.mu.Lock()
+	release, ok := h.holds[method]
+	if ok && ctx.Err() == nil {
+		delete(h.holds, method)
+	}
+	h.mu.Unlock()
+	if ok && ctx.Err() == nil {
+		select {
+		case <-release:
+		case <-ctx.Done():
+		}
+	}
 }
 
 // on runs f the next time the client sends method (e.g. "/etcdserverpb.KV/Txn").
@@ -303,13 +328,15 @@ func (h *etHooks) answer(method string, err error) error {
 // set on the returned etHooks first. It is closed at the end of the test.
 func etHookedClient(t *testing.T, cfg clientv3.Config) (*clientv3.Client, *etHooks) {
 	t.Helper()
-	h := &etHooks{hooks: map[string]func() error{}, lost: map[string]bool{}, after: map[string]func(){}}
+	h := &etHooks{hooks: map[string]func() error{}, lost: map[string]bool{}, after: map[string]func(){},
+		holds: map[string]<-chan struct{}{}}
 	cfg.DialOptions = append(slices.Clone(cfg.DialOptions),
 		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any,
 			cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 			if err := h.fire(method); err != nil {
 				return err
 			}
+			h.wait(ctx, method)
 			return h.answer(method, invoker(ctx, method, req, reply, cc, opts...))
 		}),
 		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn,
@@ -1642,6 +1669,42 @@ func TestElectionContract(t *testing.T) {
 			t.Fatalf("Campaign returned nil, leading on the ended session: %v", l != nil && l.sess == first)
 		}
 		etOpen(t, e.Done(), "Done of the leadership")
+	})
+	t.Run("A candidacy given up is withdrawn before the next one is put: the next never leads on the key being withdrawn", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		a := etElection(t, cli, ElectionOptions{})
+		hcli, hooks := etHookedClient(t, srv.ClientConfig())
+		b := etElection(t, hcli, ElectionOptions{})
+		etCampaign(t, a, "a")
+		ctx, cancel := context.WithCancel(testCtx(t))
+		res := etCampaignAsync(ctx, b, "b")
+		etWaitCount(t, cli, etPrefix, 2, clientv3.WithPrefix())
+		old := candidates(t, cli, etPrefix)[1].CreateRevision
+		// b gives up; the delete of its key, which its ctx could not
+		// carry, goes on in the background and is held on its way.
+		release := make(chan struct{})
+		hooks.hold("/etcdserverpb.KV/Txn", release)
+		cancel()
+		if r := etWait(t, res); !errors.Is(r.err, context.Canceled) {
+			t.Fatalf("Campaign: %v, want Canceled", r.err)
+		}
+		// a resigns: b's old key, still there, is now the first.
+		if err := a.Resign(testCtx(t)); err != nil {
+			t.Fatal(err)
+		}
+		tctx, tcancel := context.WithTimeout(testCtx(t), 200*time.Millisecond*scale)
+		defer tcancel()
+		if won, err := b.TryCampaign(tctx, "b"); won || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("TryCampaign while the old key is being withdrawn: %v, %v; want false, DeadlineExceeded", won, err)
+		}
+		close(release)
+		if won, err := b.TryCampaign(testCtx(t), "b"); !won || err != nil {
+			t.Fatalf("TryCampaign once the old key is gone: %v, %v; want true, nil", won, err)
+		}
+		if cands := candidates(t, cli, etPrefix); len(cands) != 1 || cands[0].CreateRevision <= old || b.Token() != cands[0].CreateRevision {
+			t.Fatalf("candidates %v, token %d; want one key, put after the old one (%d), whose revision is the token", cands, b.Token(), old)
+		}
+		etOpen(t, b.Done(), "Done of b's leadership")
 	})
 	t.Run("A candidate put whose answer is lost is withdrawn, and the session lives on", func(t *testing.T) {
 		srv, cli := newEtcd(t)

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
@@ -238,31 +239,36 @@ func etGuarded(t *testing.T, cli *clientv3.Client, cmp clientv3.Cmp) bool {
 // or lose the answer of one that etcd carried out.
 type etHooks struct {
 	mu    sync.Mutex
-	hooks map[string]func() error    // by full method name; each runs once
-	lost  map[string]bool            // methods whose next answer is lost
-	after map[string]func()          // run once a method is answered; each runs once
-	holds map[string]<-chan struct{} // the next live request of a method waits for it
+	hooks map[string]func() error // by full method name; each runs once
+	lost  map[string]bool         // methods whose next answer is lost
+	after map[string]func()       // run once a method is answered; each runs once
+	held  *etHold                 // the next live delete waits for it
 }
 
-// hold makes the next request of method sent with a live ctx wait, before
-// it is sent, until release is closed (or its ctx ends). Requests whose
-// ctx has ended already pass, to fail as they would.
-func (h *etHooks) hold(method string, release <-chan struct{}) {
+// etHold holds a request until release is closed.
+type etHold struct{ release <-chan struct{} }
+
+// holdDelete makes the next transaction that deletes, sent with a live
+// ctx, wait before it is sent until release is closed (or its ctx ends).
+// Requests whose ctx has ended already pass, to fail as they would.
+func (h *etHooks) holdDelete(release <-chan struct{}) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.holds[method] = release
+	h.held = &etHold{release: release}
 }
 
-func (h *etHooks) wait(ctx context.Context, method string) {
-	h.mu.Lock()
-	release, ok := h.holds[method]
-	if ok && ctx.Err() == nil {
-		delete(h.holds, method)
+func (h *etHooks) wait(ctx context.Context, req any) {
+	txn, ok := req.(*pb.TxnRequest)
+	if !ok || ctx.Err() != nil || !slices.ContainsFunc(txn.Success, func(op *pb.RequestOp) bool { return op.GetRequestDeleteRange() != nil }) {
+		return
 	}
+	h.mu.Lock()
+	held := h.held
+	h.held = nil
 	h.mu.Unlock()
-	if ok && ctx.Err() == nil {
+	if held != nil {
 		select {
-		case <-release:
+		case <-held.release:
 		case <-ctx.Done():
 		}
 	}
@@ -328,15 +334,14 @@ func (h *etHooks) answer(method string, err error) error {
 // set on the returned etHooks first. It is closed at the end of the test.
 func etHookedClient(t *testing.T, cfg clientv3.Config) (*clientv3.Client, *etHooks) {
 	t.Helper()
-	h := &etHooks{hooks: map[string]func() error{}, lost: map[string]bool{}, after: map[string]func(){},
-		holds: map[string]<-chan struct{}{}}
+	h := &etHooks{hooks: map[string]func() error{}, lost: map[string]bool{}, after: map[string]func(){}}
 	cfg.DialOptions = append(slices.Clone(cfg.DialOptions),
 		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any,
 			cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 			if err := h.fire(method); err != nil {
 				return err
 			}
-			h.wait(ctx, method)
+			h.wait(ctx, req)
 			return h.answer(method, invoker(ctx, method, req, reply, cc, opts...))
 		}),
 		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn,
@@ -1674,16 +1679,18 @@ func TestElectionContract(t *testing.T) {
 		srv, cli := newEtcd(t)
 		a := etElection(t, cli, ElectionOptions{})
 		hcli, hooks := etHookedClient(t, srv.ClientConfig())
-		b := etElection(t, hcli, ElectionOptions{})
+		tap, log := newLogTap()
+		// A TTL well past the waits below: the held delete is not given up.
+		b := etElection(t, hcli, ElectionOptions{TTL: 10 * time.Second * scale, Logger: log})
 		etCampaign(t, a, "a")
 		ctx, cancel := context.WithCancel(testCtx(t))
 		res := etCampaignAsync(ctx, b, "b")
-		etWaitCount(t, cli, etPrefix, 2, clientv3.WithPrefix())
+		tap.wait(t, "coord: campaign waits for its turn", 1)
 		old := candidates(t, cli, etPrefix)[1].CreateRevision
 		// b gives up; the delete of its key, which its ctx could not
 		// carry, goes on in the background and is held on its way.
 		release := make(chan struct{})
-		hooks.hold("/etcdserverpb.KV/Txn", release)
+		hooks.holdDelete(release)
 		cancel()
 		if r := etWait(t, res); !errors.Is(r.err, context.Canceled) {
 			t.Fatalf("Campaign: %v, want Canceled", r.err)

@@ -756,7 +756,8 @@ func TestHostLivenessUpdateWrites(t *testing.T) {
 	t.Run("when the key was deleted, returns nil only once the heal wrote it", func(t *testing.T) {
 		srv, cli := newEtcd(t)
 		ctx := testCtx(t)
-		log, reached, release := holdAt(discard, "coord: host registration lost, healing")
+		tap, tlog := newLogTap()
+		log, reached, release := holdAt(tlog, "coord: host registration lost, healing")
 		defer release()
 		h := register(t, srv.NewClient(t), "a", LivenessOptions{Logger: log})
 		if _, err := cli.Delete(ctx, h.Key()); err != nil {
@@ -774,6 +775,8 @@ func TestHostLivenessUpdateWrites(t *testing.T) {
 		m.Version = "3.0"
 		updated := make(chan error, 1)
 		go func() { updated <- h.Update(ctx, m) }()
+		// The heal goes on once this Update waits for it.
+		tap.wait(t, "coord: host key not ours, waiting for the heal to write the update", 2)
 		release()
 		if err := receive(t, updated, "Update"); err != nil {
 			t.Fatalf("Update: %v", err)

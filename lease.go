@@ -36,11 +36,10 @@ type keeper struct {
 	log *slog.Logger
 
 	cancel  context.CancelFunc
-	lost    context.Context // ended by run when the lease is gone for good; err says why
-	endLost context.CancelFunc
+	lost    context.Context // ended by run when the lease is gone for good (its cause says why), or by stop
+	endLost context.CancelCauseFunc
 	stale   chan struct{} // closed once renewals went unanswered for 2/3 of the TTL
 	done    chan struct{} // closed when run returns
-	err     error
 
 	mu       sync.Mutex
 	answered time.Time     // send time of the last request etcd answered
@@ -64,7 +63,7 @@ func startKeeper(cli *clientv3.Client, id clientv3.LeaseID, ttl time.Duration, s
 		stale: make(chan struct{}), done: make(chan struct{}), fresh: make(chan struct{}),
 		answered: sent, live: now.Before(sent.Add(2 * ttl / 3)), grace: now.Add(ttl / 3),
 	}
-	k.lost, k.endLost = context.WithCancel(context.Background())
+	k.lost, k.endLost = context.WithCancelCause(context.Background())
 	k.mu.Lock()
 	k.timer = time.AfterFunc(time.Until(k.deadlineLocked()), k.checkStale)
 	k.mu.Unlock()
@@ -81,7 +80,7 @@ func (k *keeper) stop() {
 	k.stopped = true
 	k.timer.Stop()
 	k.mu.Unlock()
-	k.endLost()
+	k.endLost(nil)
 }
 
 func (k *keeper) run(ctx context.Context) {
@@ -105,11 +104,11 @@ func (k *keeper) run(ctx context.Context) {
 			return
 		}
 		if errors.Is(err, rpctypes.ErrLeaseNotFound) {
-			k.end(fmt.Errorf("lease %x expired or revoked", int64(k.id)))
+			k.endLost(fmt.Errorf("lease %x expired or revoked", int64(k.id)))
 			return
 		}
 		if k.cli.Ctx().Err() != nil {
-			k.end(ErrClientClosed)
+			k.endLost(ErrClientClosed)
 			return
 		}
 		k.log.Debug("coord: lease renewal failed", "lease", hexID(k.id), "err", err)
@@ -191,11 +190,6 @@ func (k *keeper) markStaleLocked() {
 	k.isStale = true
 	k.log.Warn("coord: lease renewals unanswered", "lease", hexID(k.id), "ttl", k.ttl)
 	close(k.stale)
-}
-
-func (k *keeper) end(err error) {
-	k.err = err
-	k.endLost()
 }
 
 // renewer renews, over one long-lived LeaseKeepAlive stream of a client,
@@ -469,7 +463,7 @@ func (s *session) run(wg *sync.WaitGroup) {
 	defer wg.Done()
 	select {
 	case <-s.k.lost.Done():
-		s.end(s.k.err)
+		s.end(context.Cause(s.k.lost))
 	case <-s.k.stale:
 		s.end(errUnanswered)
 	case <-s.ctx.Done():

@@ -43,7 +43,7 @@ const (
 // fail the test do so with the testing.TB given to NewCluster. All methods
 // are safe for concurrent use.
 type Cluster struct {
-	f       failer // the testing.TB given to NewClusterWith
+	t       testing.TB // the one given to NewClusterWith
 	cfg     Config
 	members []*Member // fixed after NewClusterWith
 	net     *peerNet
@@ -94,7 +94,7 @@ func NewClusterWith(t testing.TB, n int, cfg Config) *Cluster {
 	}
 	base := t.TempDir() // before our Cleanup, so the dir outlives the cluster
 	c := &Cluster{
-		f:     t,
+		t:     t,
 		cfg:   cfg.withDefaults(),
 		net:   newPeerNet(),
 		owner: owner{gone: "the cluster's cleanup"},
@@ -208,13 +208,13 @@ func (c *Cluster) ClientConfig() clientv3.Config {
 // wait for a leader; with clientv3.WithRequireLeader they fail with
 // rpctypes.ErrNoLeader instead, once the member has noticed it has none.
 func (c *Cluster) Client() *clientv3.Client {
-	c.f.Helper()
+	c.t.Helper()
 	cli, err := c.sharedClient(c.ClientConfig())
 	if errors.Is(err, errClosed) {
-		c.f.Fatalf("coordtest: Cluster.Client called after the cluster's cleanup")
+		c.t.Fatalf("coordtest: Cluster.Client called after the cluster's cleanup")
 	}
 	if err != nil {
-		c.f.Fatalf("coordtest: creating client of the cluster: %v", err)
+		c.t.Fatalf("coordtest: creating client of the cluster: %v", err)
 	}
 	return cli
 }
@@ -234,7 +234,7 @@ func (c *Cluster) NewClient(t testing.TB) *clientv3.Client {
 // believes it leads is never returned). It waits for one until ctx ends or
 // 30 s have passed, and fails the test if there is none by then.
 func (c *Cluster) Leader(ctx context.Context) *Member {
-	c.f.Helper()
+	c.t.Helper()
 	ctx, cancel := context.WithTimeout(ctx, leaderTimeout)
 	defer cancel()
 	tick := time.NewTicker(leaderPoll)
@@ -245,7 +245,7 @@ func (c *Cluster) Leader(ctx context.Context) *Member {
 		}
 		select {
 		case <-ctx.Done():
-			c.f.Fatalf("coordtest: no leader supported by a majority of the %d members: %v", len(c.members), ctx.Err())
+			c.t.Fatalf("coordtest: no leader supported by a majority of the %d members: %v", len(c.members), ctx.Err())
 			return nil
 		case <-tick.C:
 		}
@@ -287,18 +287,18 @@ func (c *Cluster) leader() *Member {
 // fails the test if there is no leader or an operation fails (e.g. ctx
 // ends).
 func (c *Cluster) Compact(ctx context.Context) int64 {
-	c.f.Helper()
+	c.t.Helper()
 	l := c.Leader(ctx)
 	rev, err := l.compact(ctx)
 	if err != nil {
-		c.f.Fatalf("coordtest: %v", err)
+		c.t.Fatalf("coordtest: %v", err)
 	}
 	for _, m := range c.members {
 		if m == l {
 			continue
 		}
 		if err := m.syncRead(ctx); err != nil {
-			c.f.Fatalf("coordtest: waiting for member %s to apply the compaction at %d: %v", m.name, rev, err)
+			c.t.Fatalf("coordtest: waiting for member %s to apply the compaction at %d: %v", m.name, rev, err)
 		}
 	}
 	return rev
@@ -319,7 +319,7 @@ func (c *Cluster) cleanup() {
 	}
 	wg.Wait()
 	if err := c.net.close(); err != nil {
-		c.f.Errorf("coordtest: %v", err)
+		c.t.Errorf("coordtest: %v", err)
 	}
 	for _, p := range proxies {
 		p.close()
@@ -373,12 +373,12 @@ func (m *Member) Stop() {
 // still in use it retries for up to 5 s. It fails the test on error,
 // including when called after the Cluster's cleanup.
 func (m *Member) Restart() {
-	f := m.c.f
-	f.Helper()
+	t := m.c.t
+	t.Helper()
 	m.lifeMu.Lock()
 	defer m.lifeMu.Unlock()
 	if m.done {
-		f.Fatalf("coordtest: Member.Restart called after the cluster's cleanup")
+		t.Fatalf("coordtest: Member.Restart called after the cluster's cleanup")
 	}
 	m.stopLocked()
 	deadline := time.Now().Add(rebindTimeout)
@@ -394,7 +394,7 @@ func (m *Member) Restart() {
 			break
 		}
 		if !isAddrInUse(err) || time.Now().After(deadline) {
-			f.Fatalf("coordtest: restarting member %s: %v", m.name, err)
+			t.Fatalf("coordtest: restarting member %s: %v", m.name, err)
 		}
 		time.Sleep(rebindPoll)
 	}
@@ -402,7 +402,7 @@ func (m *Member) Restart() {
 		if err := waitReady(e, m.Endpoint(), time.Now().Add(readyTimeout)); err != nil {
 			m.c.net.setDown(m, true)
 			stopEtcd(e, stopRPCs, true)
-			f.Fatalf("coordtest: restarting member %s: %v", m.name, err)
+			t.Fatalf("coordtest: restarting member %s: %v", m.name, err)
 		}
 	}
 	m.etcd, m.stopRPCs = e, stopRPCs

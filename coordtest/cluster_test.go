@@ -27,6 +27,19 @@ func putEventually(ctx context.Context, c *clientv3.Client, key, val string) (*c
 	return resp, err
 }
 
+// leaderOtherThan waits, within isolateBound, for the leader of c, and fails
+// the test if it is m, which is gone (stopped or isolated, as what says).
+func leaderOtherThan(t *testing.T, ctx context.Context, c *Cluster, m *Member, what string) *Member {
+	t.Helper()
+	lctx, cancel := context.WithTimeout(ctx, isolateBound)
+	defer cancel()
+	l := c.Leader(lctx)
+	if l == m {
+		t.Fatalf("Leader() = %s member %s", what, m.Name())
+	}
+	return l
+}
+
 func TestClusterPutGet(t *testing.T) {
 	ctx := testCtx(t)
 	start := time.Now()
@@ -55,9 +68,7 @@ func TestClusterPutGet(t *testing.T) {
 		t.Error("Client() returned different clients")
 	}
 
-	if _, err := c.Client().Put(ctx, "k", "v"); err != nil {
-		t.Fatalf("Put: %v", err)
-	}
+	mustPut(t, ctx, c.Client(), "k", "v")
 	if got, err := getValue(ctx, c.Client(), "k"); err != nil || got != "v" {
 		t.Fatalf("Get = %q, %v; want v", got, err)
 	}
@@ -80,13 +91,7 @@ func TestClusterPutGet(t *testing.T) {
 	}
 
 	// The minimum lease TTL is 1 s, as with a Server.
-	resp, err := c.Client().Grant(ctx, 1)
-	if err != nil {
-		t.Fatalf("Grant: %v", err)
-	}
-	if resp.TTL != 1 {
-		t.Fatalf("Grant(1).TTL = %d, want 1", resp.TTL)
-	}
+	mustGrantTTL(t, ctx, c.Client(), 1, 1)
 }
 
 func TestClusterLeaderFailoverAndRestart(t *testing.T) {
@@ -99,21 +104,14 @@ func TestClusterLeaderFailoverAndRestart(t *testing.T) {
 		t.Fatal("Leader() = nil")
 	}
 	pinned := old.NewClient(t) // survives the member's Stop and Restart
-	if _, err := cli.Put(ctx, "k", "before"); err != nil {
-		t.Fatalf("Put: %v", err)
-	}
+	mustPut(t, ctx, cli, "k", "before")
 
 	start := time.Now()
 	old.Stop()
 	t.Logf("Stop of leader %s took %v", old.Name(), time.Since(start))
 	old.Stop() // idempotent
 
-	lctx, cancel := context.WithTimeout(ctx, isolateBound)
-	leader := c.Leader(lctx)
-	cancel()
-	if leader == old {
-		t.Fatalf("Leader() = stopped member %s", old.Name())
-	}
+	leader := leaderOtherThan(t, ctx, c, old, "stopped")
 	t.Logf("new leader %s elected %v after the old one stopped", leader.Name(), time.Since(start))
 
 	// Writes go on through the cluster client; requests it sends to the
@@ -190,9 +188,7 @@ func TestClusterIsolate(t *testing.T) {
 				}
 			}
 			pc := m.NewClient(t)
-			if _, err := c.Client().Put(ctx, "k", "v1"); err != nil {
-				t.Fatalf("Put: %v", err)
-			}
+			mustPut(t, ctx, c.Client(), "k", "v1")
 			if got, err := getValue(ctx, pc, "k"); err != nil || got != "v1" {
 				t.Fatalf("Get through %s = %q, %v; want v1", m.Name(), got, err)
 			}
@@ -209,12 +205,7 @@ func TestClusterIsolate(t *testing.T) {
 			m.Isolate() // idempotent
 
 			// The others go on, with a leader of their own.
-			lctx, lcancel := context.WithTimeout(ctx, isolateBound)
-			nl := c.Leader(lctx)
-			lcancel()
-			if nl == m {
-				t.Fatalf("Leader() = isolated member %s", m.Name())
-			}
+			nl := leaderOtherThan(t, ctx, c, m, "isolated")
 			if tc.leader {
 				t.Logf("new leader %s elected %v after isolating leader %s", nl.Name(), time.Since(start), m.Name())
 			} else if nl != leader {
@@ -329,14 +320,8 @@ func TestClusterIsolateStopRestart(t *testing.T) {
 func TestClusterCompact(t *testing.T) {
 	ctx := testCtx(t)
 	c := NewCluster(t, 3)
-	first, err := c.Client().Put(ctx, "k", "1")
-	if err != nil {
-		t.Fatalf("Put: %v", err)
-	}
-	last, err := c.Client().Put(ctx, "k", "2")
-	if err != nil {
-		t.Fatalf("Put: %v", err)
-	}
+	first := mustPut(t, ctx, c.Client(), "k", "1")
+	last := mustPut(t, ctx, c.Client(), "k", "2")
 	rev := c.Compact(ctx)
 	if rev != last.Header.Revision {
 		t.Fatalf("Compact() = %d, want %d", rev, last.Header.Revision)
@@ -358,9 +343,7 @@ func TestClusterMemberProxy(t *testing.T) {
 	m := c.Members()[1]
 	p := m.NewProxy(t)
 	pc := p.NewClient(t)
-	if _, err := pc.Put(ctx, "k", "v"); err != nil {
-		t.Fatalf("Put through proxy: %v", err)
-	}
+	mustPut(t, ctx, pc, "k", "v")
 	p.Blackhole()
 	expectNoAnswer(t, ctx, pc, 300*time.Millisecond)
 	p.Unblackhole()
@@ -379,11 +362,5 @@ func TestNewClusterWith(t *testing.T) {
 	if c.Leader(ctx) != c.Members()[0] {
 		t.Fatal("the single member is not the leader")
 	}
-	resp, err := c.Client().Grant(ctx, 1)
-	if err != nil {
-		t.Fatalf("Grant: %v", err)
-	}
-	if resp.TTL != 1 {
-		t.Fatalf("Grant(1).TTL = %d, want 1", resp.TTL)
-	}
+	mustGrantTTL(t, ctx, c.Client(), 1, 1)
 }

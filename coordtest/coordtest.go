@@ -16,8 +16,9 @@
 //   - Proxy: a TCP proxy in front of a Server or a Cluster Member that
 //     blackholes, pauses or delays the connections through it, as a network
 //     fault would, while the server keeps running.
-//   - Start: a Server outside a test (runnable examples, demos, tools), with
-//     its data in a given directory; Close stops it.
+//   - Standalone: a Server outside a test (runnable examples, demos,
+//     tools), started by Start with its data in a given directory. Its
+//     methods return errors where a Server's fail the test; Close stops it.
 //
 // Servers and members are tuned for tests (see Config): a 10 ms heartbeat
 // (TickMs) and a 100 ms election timeout (ElectionMs), so that etcd grants a
@@ -26,20 +27,21 @@
 // no fsync, no auto-compaction, no metrics listener, no gRPC gateway and no
 // logging.
 //
-// Lifetime contract: everything a Server, Cluster or Proxy creates (the etcd
-// servers, the clients handed out, the proxies and their connections) is
-// released by t.Cleanup functions, or by Server.Close, and once those have
-// run no goroutine started by them remains, so the package can be used
-// together with goleak.VerifyTestMain. (A deferred goleak.VerifyNone(t) runs
-// before t.Cleanup, so it would see the server still running; register it
-// with t.Cleanup before calling NewServer instead, or use VerifyTestMain.)
+// Lifetime contract: everything a Server, Standalone, Cluster or Proxy
+// creates (the etcd servers, the clients handed out, the proxies and their
+// connections) is released by t.Cleanup functions, or by Server.Close or
+// Standalone.Close, and once those have run no goroutine started by them
+// remains, so the package can be used together with goleak.VerifyTestMain.
+// (A deferred goleak.VerifyNone(t) runs before t.Cleanup, so it would see
+// the server still running; register it with t.Cleanup before calling
+// NewServer instead, or use VerifyTestMain.)
 //
 // Failure contract: the package reports failures to the testing.TB given to
-// NewServer, NewCluster or NewProxy. Methods documented to fail the test call
-// its Fatal method; like testing.T.FailNow, they must then be called from the
-// goroutine running that test. On a Server created by Start they panic
-// instead, with the message the test would have printed; Start itself, and
-// Dial, return errors. All methods are safe for concurrent use.
+// NewServer, NewCluster, NewProxy or NewClient. Methods documented to fail
+// the test call its Fatal method; like testing.T.FailNow, they must then be
+// called from the goroutine running that test. Outside a test, Start and the
+// methods of a Standalone return those failures as errors instead. All
+// methods are safe for concurrent use.
 package coordtest
 
 import (
@@ -75,7 +77,8 @@ const (
 	// DefaultTickMs it makes etcd's minimum lease TTL 1 s.
 	DefaultElectionMs = 100
 	// ClientDialTimeout is the DialTimeout of the client configurations
-	// returned by Server.ClientConfig and Proxy.ClientConfig.
+	// returned by the ClientConfig methods (of Server, Standalone, Member
+	// and Proxy).
 	ClientDialTimeout = 5 * time.Second
 )
 
@@ -123,12 +126,14 @@ func (c Config) withDefaults() Config {
 }
 
 // Server is an embedded single-member etcd listening on loopback ports, with
-// its data in a subdirectory of t.TempDir() (of the directory given to Start
-// outside a test). Create it with NewServer or NewServerWith in a test, with
-// Start elsewhere. Its client and peer ports and its data directory are
-// fixed for its whole life, across Stop and Restart.
+// its data in a subdirectory of t.TempDir(). Create it with NewServer or
+// NewServerWith; outside a test, use Start and a Standalone. Its client and
+// peer ports and its data directory are fixed for its whole life, across
+// Stop and Restart.
 type Server struct {
-	f         failer // the test's testing.TB, or a panicker after Start
+	// t is the test's testing.TB, which the exported methods fail; nil in
+	// the Server of a Standalone, which uses only the unexported ones.
+	t         testing.TB
 	cfg       Config
 	dir       string
 	clientURL url.URL
@@ -167,32 +172,9 @@ func NewServerWith(t testing.TB, cfg Config) *Server {
 	return s
 }
 
-// Start starts a Server tuned by cfg outside a test (a runnable example, a
-// demo, a tool) and waits (up to 30 s) until it is ready to serve. Its data
-// lives in a new subdirectory of dir, which is created if needed and may
-// hold other files; the caller removes dir once done. The caller must Close
-// the Server.
-//
-// Start returns an error if the server cannot be started. Afterwards, the
-// methods documented to fail the test panic instead, with the same message:
-// outside a test, their failures are programming errors or a broken host.
-// Methods that take a testing.TB (NewClient, NewProxy) still report to it;
-// without one, use Client or Dial.
-func Start(dir string, cfg Config) (*Server, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("coordtest: creating data directory: %w", err)
-	}
-	s := newServer(panicker{}, cfg)
-	if err := s.start(dir); err != nil {
-		s.Close()
-		return nil, fmt.Errorf("coordtest: %w", err)
-	}
-	return s, nil
-}
-
-// newServer returns a stopped Server reporting its failures to f.
-func newServer(f failer, cfg Config) *Server {
-	return &Server{f: f, cfg: cfg.withDefaults(), owner: owner{gone: "the server was closed"}}
+// newServer returns a stopped Server failing t (nil for a Standalone).
+func newServer(t testing.TB, cfg Config) *Server {
+	return &Server{t: t, cfg: cfg.withDefaults(), owner: owner{gone: "the server was closed"}}
 }
 
 // start picks free loopback ports and a fresh data directory in base and
@@ -248,13 +230,13 @@ func (s *Server) ClientConfig() clientv3.Config {
 // callers must not close it. It fails the test if called after Close has
 // started.
 func (s *Server) Client() *clientv3.Client {
-	s.f.Helper()
+	s.t.Helper()
 	c, err := s.sharedClient(s.ClientConfig())
 	if errors.Is(err, errClosed) {
-		s.f.Fatalf("coordtest: Server.Client called after the server was closed")
+		s.t.Fatalf("coordtest: Server.Client called after the server was closed")
 	}
 	if err != nil {
-		s.f.Fatalf("coordtest: creating client of %s: %v", s.Endpoint(), err)
+		s.t.Fatalf("coordtest: creating client of %s: %v", s.Endpoint(), err)
 	}
 	return c
 }
@@ -266,18 +248,6 @@ func (s *Server) Client() *clientv3.Client {
 func (s *Server) NewClient(t testing.TB) *clientv3.Client {
 	t.Helper()
 	return newTestClient(t, s.ClientConfig(), s)
-}
-
-// Dial returns a new client of this server with its own connection, for
-// callers without a testing.TB (examples, demos, tools). The Server's Close
-// closes it; closing it earlier as well is harmless. It returns an error
-// where NewClient would fail the test, including once Close has started.
-func (s *Server) Dial() (*clientv3.Client, error) {
-	c, err := newTrackedClient(s.ClientConfig(), s)
-	if err != nil {
-		return nil, fmt.Errorf("coordtest: %w", err)
-	}
-	return c.c, nil
 }
 
 // Stop stops the server: it aborts in-flight requests and streams with
@@ -301,63 +271,92 @@ func (s *Server) Stop() {
 // retries for up to 5 s. It fails the test on error, including when called
 // after Close.
 func (s *Server) Restart() {
-	s.f.Helper()
-	s.lifeMu.Lock()
-	defer s.lifeMu.Unlock()
-	if s.done {
-		s.f.Fatalf("coordtest: Server.Restart called after the server was closed")
-	}
-	s.stopLocked()
-	deadline := time.Now().Add(rebindTimeout)
-	for {
-		err := s.startLocked()
-		if err == nil {
-			return
-		}
-		if !isAddrInUse(err) || time.Now().After(deadline) {
-			s.f.Fatalf("coordtest: restarting etcd: %v", err)
-		}
-		time.Sleep(rebindPoll)
-	}
+	s.t.Helper()
+	s.fatalIf(s.restart())
 }
 
 // Revision returns the current revision of the store, read linearizably. It
-// fails the test if the server is stopped or the read fails (e.g. ctx ends).
+// fails the test if the server is stopped or closed, or the read fails (e.g.
+// ctx ends).
 func (s *Server) Revision(ctx context.Context) int64 {
-	s.f.Helper()
-	s.lifeMu.Lock()
-	defer s.lifeMu.Unlock()
-	return s.mustRevisionLocked(ctx)
-}
-
-// mustRevisionLocked is revisionLocked, failing the test on an error.
-func (s *Server) mustRevisionLocked(ctx context.Context) int64 {
-	s.f.Helper()
-	rev, err := s.revisionLocked(ctx)
-	if err != nil {
-		s.f.Fatalf("coordtest: %v", err)
-	}
-	return rev
+	s.t.Helper()
+	return s.mustRev(s.revision(ctx))
 }
 
 // Compact compacts the store at its current revision and waits until the
 // compaction is physically applied; it returns that revision. After it,
 // reading or watching from an earlier revision fails with ErrCompacted.
 // Compacting again at an already compacted revision is not an error. It
-// fails the test if the server is stopped or the compaction fails.
+// fails the test if the server is stopped or closed, or the compaction
+// fails.
 func (s *Server) Compact(ctx context.Context) int64 {
-	s.f.Helper()
-	s.lifeMu.Lock()
-	defer s.lifeMu.Unlock()
-	rev := s.mustRevisionLocked(ctx)
-	_, err := s.etcd.Server.Compact(ctx, &pb.CompactionRequest{Revision: rev, Physical: true})
-	if err != nil && !errors.Is(err, mvcc.ErrCompacted) {
-		s.f.Fatalf("coordtest: compacting at revision %d: %v", rev, err)
-	}
+	s.t.Helper()
+	return s.mustRev(s.compact(ctx))
+}
+
+// mustRev returns rev, failing the test with err if set.
+func (s *Server) mustRev(rev int64, err error) int64 {
+	s.t.Helper()
+	s.fatalIf(err)
 	return rev
 }
 
+// fatalIf fails the test with err if set.
+func (s *Server) fatalIf(err error) {
+	s.t.Helper()
+	if err != nil {
+		s.t.Fatalf("coordtest: %v", err)
+	}
+}
+
+// restart is Restart, returning its failure.
+func (s *Server) restart() error {
+	s.lifeMu.Lock()
+	defer s.lifeMu.Unlock()
+	if s.done {
+		return errors.New("Restart called after the server was closed")
+	}
+	s.stopLocked()
+	deadline := time.Now().Add(rebindTimeout)
+	for {
+		err := s.startLocked()
+		if err == nil {
+			return nil
+		}
+		if !isAddrInUse(err) || time.Now().After(deadline) {
+			return fmt.Errorf("restarting etcd: %w", err)
+		}
+		time.Sleep(rebindPoll)
+	}
+}
+
+// revision is Revision, returning its failure.
+func (s *Server) revision(ctx context.Context) (int64, error) {
+	s.lifeMu.Lock()
+	defer s.lifeMu.Unlock()
+	return s.revisionLocked(ctx)
+}
+
+// compact is Compact, returning its failure.
+func (s *Server) compact(ctx context.Context) (int64, error) {
+	s.lifeMu.Lock()
+	defer s.lifeMu.Unlock()
+	rev, err := s.revisionLocked(ctx)
+	if err != nil {
+		return 0, err
+	}
+	_, err = s.etcd.Server.Compact(ctx, &pb.CompactionRequest{Revision: rev, Physical: true})
+	if err != nil && !errors.Is(err, mvcc.ErrCompacted) {
+		return 0, fmt.Errorf("compacting at revision %d: %w", rev, err)
+	}
+	return rev, nil
+}
+
+// revisionLocked reads the current revision. lifeMu must be held.
 func (s *Server) revisionLocked(ctx context.Context) (int64, error) {
+	if s.done {
+		return 0, errors.New("reading revision: the server was closed")
+	}
 	if s.etcd == nil {
 		return 0, errors.New("reading revision: server is stopped")
 	}

@@ -51,6 +51,29 @@ func getValue(ctx context.Context, c *clientv3.Client, key string) (string, erro
 	return string(resp.Kvs[0].Value), nil
 }
 
+// mustPut writes key=val through c, failing the test on error.
+func mustPut(t *testing.T, ctx context.Context, c *clientv3.Client, key, val string) *clientv3.PutResponse {
+	t.Helper()
+	resp, err := c.Put(ctx, key, val)
+	if err != nil {
+		t.Fatalf("Put %s=%s through %v: %v", key, val, c.Endpoints(), err)
+	}
+	return resp
+}
+
+// mustGrantTTL grants a lease of ttl seconds through c and fails the test
+// unless etcd gives it the TTL want (its minimum TTL shows here).
+func mustGrantTTL(t *testing.T, ctx context.Context, c *clientv3.Client, ttl, want int64) {
+	t.Helper()
+	resp, err := c.Grant(ctx, ttl)
+	if err != nil {
+		t.Fatalf("Grant(%d): %v", ttl, err)
+	}
+	if resp.TTL != want {
+		t.Fatalf("Grant(%d).TTL = %d, want %d (minimum TTL too large?)", ttl, resp.TTL, want)
+	}
+}
+
 // waitValue reads key through c until that succeeds or ctx ends, and fails
 // the test unless it reads want. when says when, for the failure message:
 // "after Restart".
@@ -86,6 +109,14 @@ func newProxied(t *testing.T) (*Server, *Proxy, *clientv3.Client) {
 	return s, p, p.NewClient(t)
 }
 
+// newProxiedKV is newProxied, with k=v written through the proxy's client.
+func newProxiedKV(t *testing.T, ctx context.Context) (*Server, *Proxy, *clientv3.Client) {
+	t.Helper()
+	s, p, pc := newProxied(t)
+	mustPut(t, ctx, pc, "k", "v")
+	return s, p, pc
+}
+
 func TestPutGet(t *testing.T) {
 	ctx := testCtx(t)
 	s := NewServer(t)
@@ -95,9 +126,7 @@ func TestPutGet(t *testing.T) {
 	if s.Client() != s.Client() {
 		t.Error("Client() returned different clients")
 	}
-	if _, err := s.Client().Put(ctx, "k", "v"); err != nil {
-		t.Fatalf("Put: %v", err)
-	}
+	mustPut(t, ctx, s.Client(), "k", "v")
 	other := s.NewClient(t)
 	if other == s.Client() {
 		t.Error("NewClient returned the shared client")
@@ -122,29 +151,16 @@ func TestPutGet(t *testing.T) {
 
 func TestMinimumLeaseTTL(t *testing.T) {
 	ctx := testCtx(t)
-	s := NewServer(t)
-	resp, err := s.Client().Grant(ctx, 1)
-	if err != nil {
-		t.Fatalf("Grant: %v", err)
-	}
-	if resp.TTL != 1 {
-		t.Fatalf("Grant(1).TTL = %d, want 1 (minimum TTL too large?)", resp.TTL)
-	}
+	mustGrantTTL(t, ctx, NewServer(t).Client(), 1, 1)
 }
 
 func TestRevisionAndCompact(t *testing.T) {
 	ctx := testCtx(t)
 	s := NewServer(t)
 	c := s.Client()
-	first, err := c.Put(ctx, "k", "1")
-	if err != nil {
-		t.Fatalf("Put: %v", err)
-	}
+	first := mustPut(t, ctx, c, "k", "1")
 	old := first.Header.Revision
-	last, err := c.Put(ctx, "k", "2")
-	if err != nil {
-		t.Fatalf("Put: %v", err)
-	}
+	last := mustPut(t, ctx, c, "k", "2")
 	if got := s.Revision(ctx); got != last.Header.Revision {
 		t.Fatalf("Revision() = %d, want %d", got, last.Header.Revision)
 	}
@@ -177,10 +193,7 @@ func TestStopRestart(t *testing.T) {
 	ctx := testCtx(t)
 	s := NewServer(t)
 	c := s.NewClient(t)
-	put, err := c.Put(ctx, "k", "v")
-	if err != nil {
-		t.Fatalf("Put: %v", err)
-	}
+	put := mustPut(t, ctx, c, "k", "v")
 	// A watch open across the restart must survive it: Stop reports
 	// Unavailable, which the client retries, rather than cancelling it.
 	wctx, cancel := context.WithCancel(ctx)
@@ -199,7 +212,7 @@ func TestStopRestart(t *testing.T) {
 	s.Stop() // idempotent
 
 	sctx, scancel := context.WithTimeout(ctx, 200*time.Millisecond)
-	_, err = c.Get(sctx, "k")
+	_, err := c.Get(sctx, "k")
 	scancel()
 	if err == nil {
 		t.Fatal("Get succeeded while the server is stopped")
@@ -215,9 +228,7 @@ func TestStopRestart(t *testing.T) {
 		t.Errorf("Revision after Restart = %d, want %d", rev, put.Header.Revision)
 	}
 
-	if _, err := s.Client().Put(ctx, "w", "x"); err != nil {
-		t.Fatalf("Put: %v", err)
-	}
+	mustPut(t, ctx, s.Client(), "w", "x")
 	select {
 	case wresp := <-wch:
 		if err := wresp.Err(); err != nil || len(wresp.Events) != 1 {
@@ -229,9 +240,7 @@ func TestStopRestart(t *testing.T) {
 
 	// Restart of a running server works as well.
 	s.Restart()
-	if _, err := s.Client().Put(ctx, "k", "v2"); err != nil {
-		t.Fatalf("Put after second Restart: %v", err)
-	}
+	mustPut(t, ctx, s.Client(), "k", "v2")
 }
 
 func TestRestartWaitsForBusyPort(t *testing.T) {
@@ -247,9 +256,7 @@ func TestRestartWaitsForBusyPort(t *testing.T) {
 	release := time.AfterFunc(300*time.Millisecond, func() { l.Close() })
 	defer release.Stop()
 	s.Restart()
-	if _, err := s.Client().Put(ctx, "k", "v"); err != nil {
-		t.Fatalf("Put after Restart: %v", err)
-	}
+	mustPut(t, ctx, s.Client(), "k", "v")
 }
 
 func TestProxyBlackhole(t *testing.T) {
@@ -261,9 +268,7 @@ func TestProxyBlackhole(t *testing.T) {
 	}
 	pc := p.NewClient(t)
 	direct := s.Client()
-	if _, err := pc.Put(ctx, "k", "v"); err != nil {
-		t.Fatalf("Put through proxy: %v", err)
-	}
+	mustPut(t, ctx, pc, "k", "v")
 
 	p.Blackhole()
 	expectNoAnswer(t, ctx, pc, 300*time.Millisecond)
@@ -279,10 +284,7 @@ func TestProxyBlackhole(t *testing.T) {
 
 func TestProxyPause(t *testing.T) {
 	ctx := testCtx(t)
-	s, p, pc := newProxied(t)
-	if _, err := pc.Put(ctx, "k", "v"); err != nil {
-		t.Fatalf("Put through proxy: %v", err)
-	}
+	s, p, pc := newProxiedKV(t, ctx)
 
 	p.Pause()
 	type result struct {
@@ -317,10 +319,7 @@ func TestProxyPause(t *testing.T) {
 
 func TestProxySurvivesRestart(t *testing.T) {
 	ctx := testCtx(t)
-	s, _, pc := newProxied(t)
-	if _, err := pc.Put(ctx, "k", "v"); err != nil {
-		t.Fatalf("Put through proxy: %v", err)
-	}
+	s, _, pc := newProxiedKV(t, ctx)
 	s.Restart()
 	waitValue(t, ctx, pc, "k", "v", "through proxy after Restart")
 }
@@ -335,9 +334,7 @@ func TestCleanupScopes(t *testing.T) {
 	t.Run("sub", func(t *testing.T) {
 		p := s.NewProxy(t)
 		outer := p.NewClient(outerT) // closed early, with the proxy
-		if _, err := outer.Put(ctx, "k", "v"); err != nil {
-			t.Fatalf("Put: %v", err)
-		}
+		mustPut(t, ctx, outer, "k", "v")
 		_ = s.NewClient(t)
 		_ = p.NewClient(t)
 	})
@@ -374,27 +371,13 @@ func TestConcurrentUse(t *testing.T) {
 		s.Restart()
 	}()
 	wg.Wait()
-	if _, err := s.Client().Put(ctx, "k", "v"); err != nil {
-		t.Fatalf("Put: %v", err)
-	}
+	mustPut(t, ctx, s.Client(), "k", "v")
 }
 
 func TestNewServerWith(t *testing.T) {
 	ctx := testCtx(t)
 	s := NewServerWith(t, Config{TickMs: 20})
-	resp, err := s.Client().Grant(ctx, 1)
-	if err != nil {
-		t.Fatalf("Grant: %v", err)
-	}
 	// ElectionMs defaults to 10*TickMs = 200 ms: minimum TTL still 1 s.
-	if resp.TTL != 1 {
-		t.Fatalf("Grant(1).TTL = %d, want 1", resp.TTL)
-	}
-	resp, err = s.Client().Grant(ctx, 0)
-	if err != nil {
-		t.Fatalf("Grant: %v", err)
-	}
-	if resp.TTL != 1 {
-		t.Fatalf("Grant(0).TTL = %d, want the minimum 1", resp.TTL)
-	}
+	mustGrantTTL(t, ctx, s.Client(), 1, 1)
+	mustGrantTTL(t, ctx, s.Client(), 0, 1)
 }

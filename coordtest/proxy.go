@@ -49,7 +49,7 @@ const (
 // its Close with t.Cleanup after calling NewProxy).
 type Proxy struct {
 	parent   proxyOwner // the Server or Cluster whose cleanup closes it
-	f        failer     // the testing.TB given to NewProxy
+	t        testing.TB // the one given to NewProxy
 	endpoint string
 	target   string // host:port of the server's client listener
 	ln       net.Listener
@@ -111,7 +111,7 @@ func newProxy(t testing.TB, target url.URL, parent proxyOwner) *Proxy {
 	dialCtx, stopDials := context.WithCancel(context.Background())
 	p := &Proxy{
 		parent:    parent,
-		f:         t,
+		t:         t,
 		endpoint:  endpoint.String(),
 		target:    target.Host,
 		ln:        ln,
@@ -465,7 +465,7 @@ func (p *Proxy) close() {
 		p.mu.Unlock()
 
 		if !waitTimeout(&p.running, proxyCloseTimeout) {
-			p.f.Errorf("coordtest: proxy %s: goroutines still running %v after being closed", p.endpoint, proxyCloseTimeout)
+			p.t.Errorf("coordtest: proxy %s: goroutines still running %v after being closed", p.endpoint, proxyCloseTimeout)
 		}
 	})
 }

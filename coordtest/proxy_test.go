@@ -120,6 +120,30 @@ func dialProxy(t *testing.T, p *Proxy) net.Conn {
 	return c
 }
 
+// echoPair starts an echo server and a proxy in front of it, and returns
+// them with a connection through the proxy, checked to echo "hello".
+func echoPair(t *testing.T) (*echoServer, *Proxy, net.Conn) {
+	t.Helper()
+	e := newEchoServer(t)
+	p := newEchoProxy(t, e)
+	return e, p, dialEcho(t, p, "hello")
+}
+
+// dialEcho dials p and checks that the connection echoes msg.
+func dialEcho(t *testing.T, p *Proxy, msg string) net.Conn {
+	t.Helper()
+	c := dialProxy(t, p)
+	echo(t, c, msg)
+	return c
+}
+
+// echo sends msg on c and checks that it comes back within 5 s.
+func echo(t *testing.T, c net.Conn, msg string) {
+	t.Helper()
+	send(t, c, msg)
+	expectRead(t, c, msg, bound(5*time.Second))
+}
+
 func send(t *testing.T, c net.Conn, s string) {
 	t.Helper()
 	if _, err := c.Write([]byte(s)); err != nil {
@@ -190,13 +214,8 @@ func TestProxyTCPForwards(t *testing.T) {
 }
 
 func TestProxyTCPBlackhole(t *testing.T) {
-	e := newEchoServer(t)
-	p := newEchoProxy(t, e)
-	before, gone := dialProxy(t, p), dialProxy(t, p)
-	send(t, before, "hello")
-	expectRead(t, before, "hello", bound(5*time.Second))
-	send(t, gone, "hello")
-	expectRead(t, gone, "hello", bound(5*time.Second))
+	e, p, before := echoPair(t)
+	gone := dialEcho(t, p, "hello")
 
 	p.Blackhole()
 	p.Blackhole() // idempotent
@@ -226,17 +245,11 @@ func TestProxyTCPBlackhole(t *testing.T) {
 	t.Logf("blackholed connection reset %v after Unblackhole", took)
 	p.Unblackhole() // harmless
 
-	after := dialProxy(t, p)
-	send(t, after, "again")
-	expectRead(t, after, "again", bound(5*time.Second))
+	dialEcho(t, p, "again")
 }
 
 func TestProxyTCPPause(t *testing.T) {
-	e := newEchoServer(t)
-	p := newEchoProxy(t, e)
-	a := dialProxy(t, p)
-	send(t, a, "hello")
-	expectRead(t, a, "hello", bound(5*time.Second))
+	e, p, a := echoPair(t)
 
 	p.Pause()
 	p.Pause() // idempotent
@@ -249,8 +262,7 @@ func TestProxyTCPPause(t *testing.T) {
 	expectRead(t, a, "held", bound(5*time.Second))
 	expectRead(t, b, "held too", bound(5*time.Second))
 	p.Unpause() // harmless
-	send(t, a, "still open")
-	expectRead(t, a, "still open", bound(5*time.Second))
+	echo(t, a, "still open")
 
 	// A close is held too, and delivered after Unpause.
 	p.Pause()
@@ -261,11 +273,7 @@ func TestProxyTCPPause(t *testing.T) {
 }
 
 func TestProxyTCPDelay(t *testing.T) {
-	e := newEchoServer(t)
-	p := newEchoProxy(t, e)
-	a := dialProxy(t, p)
-	send(t, a, "hello")
-	expectRead(t, a, "hello", bound(5*time.Second))
+	e, p, a := echoPair(t)
 
 	d := bound(200 * time.Millisecond)
 	p.Delay(d)
@@ -381,9 +389,7 @@ func TestProxyCloseLeavesNothing(t *testing.T) {
 		cut := dialProxy(t, p) // reset by Unblackhole
 		send(t, cut, "lost")
 		p.Unblackhole()
-		normal := dialProxy(t, p)
-		send(t, normal, "x")
-		expectRead(t, normal, "x", bound(5*time.Second))
+		normal := dialEcho(t, p, "x")
 		// Left open with bytes delayed, held, or dropped: the close must
 		// end it all.
 		p.Delay(time.Hour)
@@ -472,10 +478,7 @@ func openWatch(t *testing.T, ctx context.Context, c *clientv3.Client, key string
 // c from the revision after that write.
 func putAndWatch(t *testing.T, ctx context.Context, c *clientv3.Client, key string) clientv3.WatchChan {
 	t.Helper()
-	put, err := c.Put(ctx, key, "first")
-	if err != nil {
-		t.Fatalf("Put: %v", err)
-	}
+	put := mustPut(t, ctx, c, key, "first")
 	return openWatch(t, ctx, c, key, put.Header.Revision)
 }
 
@@ -489,9 +492,7 @@ func TestProxyUnblackholeResumesWatch(t *testing.T) {
 	s, p, pc := newProxied(t)
 	direct := s.Client()
 	wch := putAndWatch(t, ctx, pc, "w")
-	if _, err := direct.Put(ctx, "w", "live"); err != nil {
-		t.Fatalf("Put: %v", err)
-	}
+	mustPut(t, ctx, direct, "w", "live")
 	if got := watchValue(t, wch, healBound); got != "live" {
 		t.Fatalf("watch event %q, want live", got)
 	}
@@ -499,9 +500,7 @@ func TestProxyUnblackholeResumesWatch(t *testing.T) {
 
 	for i, val := range []string{"during 1", "during 2", "during 3"} {
 		p.Blackhole()
-		if _, err := direct.Put(ctx, "w", val); err != nil {
-			t.Fatalf("Put: %v", err)
-		}
+		mustPut(t, ctx, direct, "w", val)
 		expectNoWatchEvent(t, wch, "watch through a blackholed proxy")
 		p.Unblackhole()
 		start := time.Now()
@@ -522,9 +521,7 @@ func TestProxyUnblackholeGet(t *testing.T) {
 	ctx := testCtx(t)
 	s, p, pc := newProxied(t)
 	direct := s.Client()
-	if _, err := pc.Put(ctx, "k", "v0"); err != nil {
-		t.Fatalf("Put: %v", err)
-	}
+	mustPut(t, ctx, pc, "k", "v0")
 	for i := 1; i <= 3; i++ {
 		p.Blackhole()
 		// Requests sent meanwhile are lost: the HTTP/2 states of the two
@@ -533,9 +530,7 @@ func TestProxyUnblackholeGet(t *testing.T) {
 			expectNoAnswer(t, ctx, pc, 200*time.Millisecond)
 		}
 		val := "v" + string(rune('0'+i))
-		if _, err := direct.Put(ctx, "k", val); err != nil {
-			t.Fatalf("Put: %v", err)
-		}
+		mustPut(t, ctx, direct, "k", val)
 		p.Unblackhole()
 		start := time.Now()
 		gctx, cancel := context.WithTimeout(ctx, bound(2*time.Second))
@@ -563,9 +558,7 @@ func TestProxyPauseKeepsWatch(t *testing.T) {
 	accepted := p.accepted.Load()
 
 	p.Pause()
-	if _, err := direct.Put(ctx, "w", "held"); err != nil {
-		t.Fatalf("Put: %v", err)
-	}
+	mustPut(t, ctx, direct, "w", "held")
 	expectNoWatchEvent(t, wch, "watch through a paused proxy")
 	p.Unpause()
 	start := time.Now()
@@ -584,10 +577,7 @@ func TestProxyPauseKeepsWatch(t *testing.T) {
 
 func TestProxyDelayGet(t *testing.T) {
 	ctx := testCtx(t)
-	_, p, pc := newProxied(t)
-	if _, err := pc.Put(ctx, "k", "v"); err != nil {
-		t.Fatalf("Put: %v", err)
-	}
+	_, p, pc := newProxiedKV(t, ctx)
 	d := bound(200 * time.Millisecond)
 	p.Delay(d)
 	for i := range 3 {
@@ -605,9 +595,7 @@ func TestProxyDelayGet(t *testing.T) {
 	}
 	p.Delay(0)
 	start := time.Now()
-	if _, err := pc.Put(ctx, "k", "w"); err != nil {
-		t.Fatalf("Put: %v", err)
-	}
+	mustPut(t, ctx, pc, "k", "w")
 	took := time.Since(start)
 	t.Logf("Put answered %v after Delay(0)", took)
 	if took >= d {
@@ -620,10 +608,7 @@ func TestProxyDelayGet(t *testing.T) {
 // compacted revision.
 func TestProxyBlackholeStoppedServer(t *testing.T) {
 	ctx := testCtx(t)
-	s, p, pc := newProxied(t)
-	if _, err := pc.Put(ctx, "k", "v"); err != nil {
-		t.Fatalf("Put: %v", err)
-	}
+	s, p, pc := newProxiedKV(t, ctx)
 	p.Blackhole()
 	s.Stop()
 	p.Unblackhole()

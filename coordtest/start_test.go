@@ -1,29 +1,36 @@
 package coordtest
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 
 	"go.uber.org/goleak"
 )
 
-// mustPanic calls f and checks that it panics with the message want.
-func mustPanic(t *testing.T, want string, f func()) {
+// mustStart starts a Standalone in a fresh directory; the test's cleanup
+// closes it (again, if the test did).
+func mustStart(t *testing.T) *Standalone {
 	t.Helper()
-	defer func() {
-		t.Helper()
-		got := recover()
-		if got == nil {
-			t.Fatalf("no panic, want %q", want)
-		}
-		if msg := fmt.Sprint(got); msg != want {
-			t.Fatalf("panic %q, want %q", msg, want)
-		}
-	}()
-	f()
+	s, err := Start(t.TempDir(), Config{})
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	t.Cleanup(s.Close)
+	return s
+}
+
+// wantErr checks that err is a coordtest error whose message contains want.
+func wantErr(t *testing.T, what string, err error, want string) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("%s: no error, want one containing %q", what, want)
+	}
+	if msg := err.Error(); !strings.HasPrefix(msg, "coordtest: ") || !strings.Contains(msg, want) {
+		t.Fatalf("%s: error %q, want \"coordtest: ...%s...\"", what, msg, want)
+	}
 }
 
 func TestStart(t *testing.T) {
@@ -38,34 +45,35 @@ func TestStart(t *testing.T) {
 		if data, _ := filepath.Glob(filepath.Join(dir, "etcd-*", "member")); len(data) != 1 {
 			t.Errorf("data directories in %s: %v, want one", dir, data)
 		}
-		if _, err := s.Client().Put(ctx, "k", "v"); err != nil {
-			t.Fatalf("Put: %v", err)
+		if ep := s.Endpoint(); !strings.HasPrefix(ep, "http://127.0.0.1:") {
+			t.Errorf("Endpoint() = %q, want http://127.0.0.1:PORT", ep)
 		}
+		if eps := s.ClientConfig().Endpoints; len(eps) != 1 || eps[0] != s.Endpoint() {
+			t.Errorf("ClientConfig().Endpoints = %v, want [%s]", eps, s.Endpoint())
+		}
+		shared := s.Client()
+		if shared != s.Client() {
+			t.Error("Client() returned different clients")
+		}
+		mustPut(t, ctx, shared, "k", "v")
 		own, err := s.Dial()
 		if err != nil {
 			t.Fatalf("Dial: %v", err)
 		}
-		if own == s.Client() {
+		if own == shared {
 			t.Error("Dial returned the shared client")
 		}
 		if got, err := getValue(ctx, own, "k"); err != nil || got != "v" {
 			t.Fatalf("Get = %q, %v; want v", got, err)
 		}
-		if resp, err := own.Grant(ctx, 1); err != nil || resp.TTL != 1 {
-			t.Fatalf("Grant(1) = %v, %v; want TTL 1", resp, err)
-		}
-		// A proxy tied to a test is closed by Close all the same.
-		p := s.NewProxy(t)
-		if got, err := getValue(ctx, p.NewClient(t), "k"); err != nil || got != "v" {
-			t.Fatalf("Get through proxy = %q, %v; want v", got, err)
-		}
+		mustGrantTTL(t, ctx, own, 1, 1)
 
 		s.Close()
+		if shared.Ctx().Err() == nil {
+			t.Error("Client still open after Close")
+		}
 		if own.Ctx().Err() == nil {
 			t.Error("Dial client still open after Close")
-		}
-		if _, err := s.Dial(); err == nil {
-			t.Error("Dial succeeded after Close")
 		}
 		goleak.VerifyNone(t, ignore)
 		if data, _ := filepath.Glob(filepath.Join(dir, "etcd-*", "member")); len(data) != 1 {
@@ -79,10 +87,10 @@ func TestStart(t *testing.T) {
 		if err != nil {
 			t.Fatalf("Start: %v", err)
 		}
-		if _, err := s.Dial(); err != nil {
+		own, err := s.Dial()
+		if err != nil {
 			t.Fatalf("Dial: %v", err)
 		}
-		_ = s.Client()
 		var wg sync.WaitGroup
 		for i := 0; i < 3; i++ {
 			wg.Add(1)
@@ -92,26 +100,61 @@ func TestStart(t *testing.T) {
 			}()
 		}
 		wg.Wait()
+		// Every call returned once the first was done.
+		if own.Ctx().Err() == nil || s.Client().Ctx().Err() == nil {
+			t.Error("clients still open after concurrent Closes returned")
+		}
 		s.Close()
 		goleak.VerifyNone(t, ignore)
 	})
 
-	t.Run("Restart keeps the data and the clients", func(t *testing.T) {
+	t.Run("Stop, Restart, Revision and Compact", func(t *testing.T) {
 		ctx := testCtx(t)
-		s, err := Start(t.TempDir(), Config{})
-		if err != nil {
-			t.Fatalf("Start: %v", err)
-		}
-		defer s.Close()
+		s := mustStart(t)
 		c, err := s.Dial()
 		if err != nil {
 			t.Fatalf("Dial: %v", err)
 		}
-		if _, err := c.Put(ctx, "k", "v"); err != nil {
-			t.Fatalf("Put: %v", err)
+		put := mustPut(t, ctx, c, "k", "v")
+		if rev, err := s.Revision(ctx); err != nil || rev != put.Header.Revision {
+			t.Fatalf("Revision() = %d, %v; want %d", rev, err, put.Header.Revision)
 		}
-		s.Restart()
+		if rev, err := s.Compact(ctx); err != nil || rev != put.Header.Revision {
+			t.Fatalf("Compact() = %d, %v; want %d", rev, err, put.Header.Revision)
+		}
+
+		s.Stop()
+		s.Stop() // idempotent
+		_, err = s.Revision(ctx)
+		wantErr(t, "Revision on a stopped server", err, "server is stopped")
+		_, err = s.Compact(ctx)
+		wantErr(t, "Compact on a stopped server", err, "server is stopped")
+
+		if err := s.Restart(); err != nil {
+			t.Fatalf("Restart: %v", err)
+		}
 		waitValue(t, ctx, c, "k", "v", "after Restart")
+		if rev, err := s.Revision(ctx); err != nil || rev != put.Header.Revision {
+			t.Errorf("Revision after Restart = %d, %v; want %d", rev, err, put.Header.Revision)
+		}
+	})
+
+	t.Run("returns errors once closed", func(t *testing.T) {
+		ctx := testCtx(t)
+		s := mustStart(t)
+		s.Close()
+		err := s.Restart()
+		wantErr(t, "Restart after Close", err, "Restart called after the server was closed")
+		_, err = s.Revision(ctx)
+		wantErr(t, "Revision after Close", err, "the server was closed")
+		_, err = s.Compact(ctx)
+		wantErr(t, "Compact after Close", err, "the server was closed")
+		_, err = s.Dial()
+		wantErr(t, "Dial after Close", err, "client requested after the server was closed")
+		s.Stop() // harmless
+		if _, err := s.Client().Get(ctx, "k"); err == nil {
+			t.Error("Get through Client after Close succeeded")
+		}
 	})
 
 	t.Run("does not need the directory to be empty", func(t *testing.T) {
@@ -123,6 +166,9 @@ func TestStart(t *testing.T) {
 			}
 			s.Close()
 		}
+		if data, _ := filepath.Glob(filepath.Join(dir, "etcd-*", "member")); len(data) != 2 {
+			t.Errorf("data directories in %s: %v, want both servers'", dir, data)
+		}
 	})
 
 	t.Run("returns an error and leaves nothing behind when it cannot start", func(t *testing.T) {
@@ -131,37 +177,18 @@ func TestStart(t *testing.T) {
 		if err := os.WriteFile(file, nil, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		if s, err := Start(filepath.Join(file, "dir"), Config{}); err == nil {
+		s, err := Start(filepath.Join(file, "dir"), Config{})
+		if err == nil {
 			s.Close()
-			t.Error("Start under a regular file succeeded")
 		}
+		wantErr(t, "Start under a regular file", err, "creating data directory")
 		// etcd refuses an election timeout shorter than 5 heartbeats.
-		if s, err := Start(t.TempDir(), Config{TickMs: 100, ElectionMs: 200}); err == nil {
+		s, err = Start(t.TempDir(), Config{TickMs: 100, ElectionMs: 200})
+		if err == nil {
 			s.Close()
-			t.Error("Start with ElectionMs < 5*TickMs succeeded")
-		} else {
-			t.Logf("Start with a bad Config: %v", err)
 		}
+		wantErr(t, "Start with ElectionMs < 5*TickMs", err, "starting etcd")
 		goleak.VerifyNone(t, ignore)
-	})
-
-	t.Run("panics where a test would fail", func(t *testing.T) {
-		s, err := Start(t.TempDir(), Config{})
-		if err != nil {
-			t.Fatalf("Start: %v", err)
-		}
-		defer s.Close()
-		ctx := testCtx(t)
-		s.Stop()
-		mustPanic(t, "coordtest: reading revision: server is stopped", func() { s.Revision(ctx) })
-		mustPanic(t, "coordtest: reading revision: server is stopped", func() { s.Compact(ctx) })
-		s.Restart()
-		if rev := s.Revision(ctx); rev < 1 {
-			t.Errorf("Revision after Restart = %d", rev)
-		}
-		s.Close()
-		mustPanic(t, "coordtest: Server.Client called after the server was closed", func() { s.Client() })
-		mustPanic(t, "coordtest: Server.Restart called after the server was closed", s.Restart)
 	})
 }
 
@@ -169,14 +196,12 @@ func TestServerCloseEarly(t *testing.T) {
 	ctx := testCtx(t)
 	s := NewServer(t)
 	c := s.NewClient(t)
-	if _, err := c.Put(ctx, "k", "v"); err != nil {
-		t.Fatalf("Put: %v", err)
-	}
+	mustPut(t, ctx, c, "k", "v")
 	s.Close() // the cleanup closes it again, harmlessly
 	if c.Ctx().Err() == nil {
 		t.Error("NewClient client still open after Close")
 	}
-	if _, err := s.Dial(); err == nil {
-		t.Error("Dial succeeded after Close")
+	if _, err := newTrackedClient(s.ClientConfig(), s); err == nil {
+		t.Error("client registered after Close")
 	}
 }

@@ -71,7 +71,7 @@ type demoOutcome struct {
 
 type demo struct {
 	log    *demoLog
-	srv    *coordtest.Server
+	srv    *coordtest.Standalone
 	agents []*demoAgent
 	byUUID map[string]*demoAgent // fixed before the watcher starts
 	cli    *clientv3.Client      // the watcher's, also used to look around

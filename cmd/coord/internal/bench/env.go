@@ -31,8 +31,8 @@ type benchEnv struct {
 	logMu    sync.Mutex
 	started  time.Time
 
-	srv *coordtest.Server // nil against --endpoints
-	dir string            // the embedded etcd's data
+	srv *coordtest.Standalone // nil against --endpoints
+	dir string                // the embedded etcd's data
 
 	mu      sync.Mutex
 	clients []*clientv3.Client // closed by close

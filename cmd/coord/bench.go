@@ -27,8 +27,8 @@ func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return bench.Run(ctx, cfg, stdout)
 }
 
-func benchParseFlags(args []string, stdout io.Writer) (bench.Config, error) {
-	c := newCmdFlags("bench", "", `Measure coord side by side with the plain etcd client code a user would
+// benchAbout is the help text of coord bench.
+const benchAbout = `Measure coord side by side with the plain etcd client code a user would
 write, in the same run on the same etcd, and print a Markdown table:
 failure detection (crash and Stop → Down), failover (resign and leader
 crash), watcher scale and churn, etcd load (lease renewals), campaign
@@ -42,7 +42,10 @@ directory, and for the fleet (scenario 9) a 3-member one per side in a
 child process. With --endpoints it runs against that cluster instead,
 writing under /coord-bench/ and deleting what it wrote at the end; it
 creates about 250 clients and, in the full run, 100,000 keys. The full
-run takes about six minutes, --quick under one.`, true)
+run takes about six minutes, --quick under one.`
+
+func benchParseFlags(args []string, stdout io.Writer) (bench.Config, error) {
+	c := newCmdFlags("bench", "", benchAbout, true)
 	full, quickCfg := bench.Full(), bench.Quick()
 	quick := c.Bool("quick", false, "a short smoke run: small sizes and few samples, every row")
 	only := c.String("only", "", "comma-separated `numbers` of the scenarios to run, 1-10 (default all)")
@@ -55,24 +58,7 @@ run takes about six minutes, --quick under one.`, true)
 	if *quick {
 		cfg = quickCfg
 	}
-	var err error
-	c.Visit(func(f *flag.Flag) {
-		switch f.Name {
-		case "endpoints":
-			cfg.Etcd = &clientv3.Config{}
-		case "shard-ttl":
-			if *shardTTL < time.Second || *shardTTL%time.Second != 0 {
-				err = usagef("--shard-ttl %v: want whole seconds, at least 1s", *shardTTL)
-			}
-			cfg.ShardTTL = *shardTTL
-		case "shard-stagger":
-			if *shardStagger < 0 || *shardStagger > 10*time.Second {
-				err = usagef("--shard-stagger %v: want 0 to 10s", *shardStagger)
-			}
-			cfg.ShardStagger = *shardStagger
-		}
-	})
-	if err != nil {
+	if err := benchSetFlags(c, &cfg, *shardTTL, *shardStagger); err != nil {
 		return bench.Config{}, err
 	}
 	if cfg.Etcd != nil {
@@ -80,6 +66,7 @@ run takes about six minutes, --quick under one.`, true)
 			return bench.Config{}, err
 		}
 	}
+	var err error
 	if cfg.Only, err = benchParseOnly(*only); err != nil {
 		return bench.Config{}, err
 	}
@@ -89,6 +76,30 @@ run takes about six minutes, --quick under one.`, true)
 		}
 	}
 	return cfg, nil
+}
+
+// benchSetFlags lays the flags given on the command line over the preset
+// cfg: those not given leave the preset's values (--quick's own TTL among
+// them). --endpoints given marks cfg as run against that cluster.
+func benchSetFlags(c *cmdFlags, cfg *bench.Config, shardTTL, shardStagger time.Duration) error {
+	var err error
+	c.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "endpoints":
+			cfg.Etcd = &clientv3.Config{}
+		case "shard-ttl":
+			if shardTTL < time.Second || shardTTL%time.Second != 0 {
+				err = usagef("--shard-ttl %v: want whole seconds, at least 1s", shardTTL)
+			}
+			cfg.ShardTTL = shardTTL
+		case "shard-stagger":
+			if shardStagger < 0 || shardStagger > 10*time.Second {
+				err = usagef("--shard-stagger %v: want 0 to 10s", shardStagger)
+			}
+			cfg.ShardStagger = shardStagger
+		}
+	})
+	return err
 }
 
 // benchParseOnly parses --only: scenario numbers, comma-separated.

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"strings"
 	"time"
 
@@ -85,24 +84,37 @@ etcd was unreachable); an interrupt before or while leading exits with 0.`, true
 		return err
 	}
 	defer cli.Close()
-	// The election's warnings would repeat what campaign reports; one even
-	// comes with every Resign (its own delete of the leader key races the
-	// watch that ends leadership).
-	var log *slog.Logger
-	if c.conn.debug {
-		log = c.conn.logger(stderr)
-	}
-	nctx, cancel := context.WithTimeout(ctx, c.conn.commandTimeout)
-	e, err := coord.NewElection(nctx, cli, coord.ElectionOptions{Key: key, TTL: *ttl, Identity: identity, Logger: log})
-	cancel()
+	e, err := newCampaignElection(ctx, c.conn, cli, coord.ElectionOptions{Key: key, TTL: *ttl, Identity: identity}, stderr)
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil
+			return nil // interrupted before campaigning
 		}
 		return err
 	}
 	// Close resigns too; it is bounded by about one TTL.
 	defer e.Close()
+	return campaignAndHold(ctx, e, c.conn.commandTimeout, key, identity, stdout, stderr)
+}
+
+// newCampaignElection creates the election of coord campaign, within the
+// command timeout.
+func newCampaignElection(ctx context.Context, conn *connFlags, cli *clientv3.Client, opts coord.ElectionOptions, stderr io.Writer) (*coord.Election, error) {
+	// The election's warnings would repeat what campaign reports; one even
+	// comes with every Resign (its own delete of the leader key races the
+	// watch that ends leadership).
+	if conn.debug {
+		opts.Logger = conn.logger(stderr)
+	}
+	nctx, cancel := context.WithTimeout(ctx, conn.commandTimeout)
+	defer cancel()
+	return coord.NewElection(nctx, cli, opts)
+}
+
+// campaignAndHold campaigns in e, holds leadership until ctx ends, and
+// then resigns, within timeout, so that the next candidate leads at once.
+// Leadership lost before ctx ends is an error; ctx ending before e leads
+// is not.
+func campaignAndHold(ctx context.Context, e *coord.Election, timeout time.Duration, key, identity string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stderr, "coord: campaigning in %s as %q (Ctrl-C to stop)\n", key, identity)
 	if err := e.Campaign(ctx, identity); err != nil {
 		if ctx.Err() != nil {
@@ -120,7 +132,7 @@ etcd was unreachable); an interrupt before or while leading exits with 0.`, true
 		}
 	case <-ctx.Done():
 	}
-	rctx, cancel := context.WithTimeout(context.Background(), c.conn.commandTimeout)
+	rctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	if err := e.Resign(rctx); err != nil {
 		return err

@@ -116,24 +116,23 @@ func Full() Config {
 }
 
 // Quick is the smoke run of --quick (CI): every row, small sizes, few
-// samples, under 60 s on 2 cores.
+// samples, under 60 s on 2 cores. It is the full run made small: what it
+// leaves as it is (the crash TTL and span, the pauses before a resign, the
+// churning hosts, the cluster's members) shapes what a row measures.
 func Quick() Config {
-	return Config{
-		name:       "quick",
-		crashHosts: 20, crashTTL: time.Second, crashSpan: time.Second,
-		stopHosts:    20,
-		resignRounds: 20, resignSettle: 150 * time.Millisecond,
-		resignFreshRounds: 10, resignFreshSettle: 20 * time.Millisecond,
-		leaderCrashes: 10,
-		scaleSizes:    []int{1000, 5000}, scaleReps: 3,
-		churnHosts: 1000, churnRate: 200, churnFor: 3 * time.Second,
-		loadKeys: 2000, loadLivenessTTL: 3 * time.Second, loadPoolTTL: 3 * time.Second, loadWindow: 3 * time.Second,
-		campaignFor: 1500 * time.Millisecond, campaignChunk: 250 * time.Millisecond,
-		fleetAgents: 5, fleetKeys: 500, fleetMembers: 3,
-		fleetLivenessTTL: 3 * time.Second, fleetPoolTTL: 3 * time.Second, fleetWindow: 3 * time.Second,
-		shardHosts: 8, shardCount: 128, ShardTTL: 2 * time.Second, ShardStagger: 50 * time.Millisecond,
-		shardNaiveHosts: 8, shardNaiveCount: 128,
-	}
+	c := Full()
+	c.name = "quick"
+	c.crashHosts, c.stopHosts, c.leaderCrashes = 20, 20, 10
+	c.resignRounds, c.resignFreshRounds = 20, 10
+	c.scaleSizes, c.scaleReps = []int{1000, 5000}, 3
+	c.churnRate, c.churnFor = 200, 3*time.Second
+	c.loadKeys, c.loadLivenessTTL, c.loadPoolTTL, c.loadWindow = 2000, 3*time.Second, 3*time.Second, 3*time.Second
+	c.campaignFor, c.campaignChunk = 1500*time.Millisecond, 250*time.Millisecond
+	c.fleetAgents, c.fleetKeys = 5, 500
+	c.fleetLivenessTTL, c.fleetPoolTTL, c.fleetWindow = 3*time.Second, 3*time.Second, 3*time.Second
+	c.shardHosts, c.shardCount, c.ShardTTL, c.ShardStagger = 8, 128, 2*time.Second, 50*time.Millisecond
+	c.shardNaiveCount = 128
+	return c
 }
 
 // scenario is one numbered scenario of the table.

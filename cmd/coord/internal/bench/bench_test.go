@@ -9,23 +9,21 @@ import (
 )
 
 // benchTiny runs every scenario with the least that still measures it:
-// small enough for the race detector.
-var benchTiny = Config{
-	name:       "tiny",
-	crashHosts: 3, crashTTL: time.Second, crashSpan: 200 * time.Millisecond,
-	stopHosts:    3,
-	resignRounds: 2, resignSettle: 150 * time.Millisecond,
-	resignFreshRounds: 2, resignFreshSettle: 20 * time.Millisecond,
-	leaderCrashes: 2,
-	scaleSizes:    []int{50, 100}, scaleReps: 1,
-	churnHosts: 40, churnRate: 100, churnFor: 300 * time.Millisecond,
-	loadKeys: 5, loadLivenessTTL: time.Second, loadPoolTTL: 2 * time.Second, loadWindow: time.Second,
-	campaignFor: 100 * time.Millisecond, campaignChunk: 50 * time.Millisecond,
-	fleetAgents: 2, fleetKeys: 6, fleetMembers: 3,
-	fleetLivenessTTL: time.Second, fleetPoolTTL: 2 * time.Second, fleetWindow: time.Second,
-	shardHosts: 3, shardCount: 24, ShardTTL: 2 * time.Second, ShardStagger: 50 * time.Millisecond,
-	shardNaiveHosts: 2, shardNaiveCount: 12,
-}
+// small enough for the race detector. It is the quick run made smaller.
+var benchTiny = func() Config {
+	c := Quick()
+	c.name = "tiny"
+	c.crashHosts, c.crashSpan, c.stopHosts, c.leaderCrashes = 3, 200*time.Millisecond, 3, 2
+	c.resignRounds, c.resignFreshRounds = 2, 2
+	c.scaleSizes, c.scaleReps = []int{50, 100}, 1
+	c.churnHosts, c.churnRate, c.churnFor = 40, 100, 300*time.Millisecond
+	c.loadKeys, c.loadLivenessTTL, c.loadPoolTTL, c.loadWindow = 5, time.Second, 2*time.Second, time.Second
+	c.campaignFor, c.campaignChunk = 100*time.Millisecond, 50*time.Millisecond
+	c.fleetAgents, c.fleetKeys = 2, 6
+	c.fleetLivenessTTL, c.fleetPoolTTL, c.fleetWindow = time.Second, 2*time.Second, time.Second
+	c.shardHosts, c.shardCount, c.shardNaiveHosts, c.shardNaiveCount = 3, 24, 2, 12
+	return c
+}()
 
 func TestBenchPrintsEveryRow(t *testing.T) {
 	if testing.Short() {

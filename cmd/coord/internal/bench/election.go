@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strings"
 	"time"
 
@@ -87,10 +86,11 @@ func benchCampaignAsync(ctx context.Context, c benchCandidate) <-chan benchCampa
 	return res
 }
 
-// benchWaitCandidates waits until n candidates are under the election key.
-func benchWaitCandidates(ctx context.Context, cli *clientv3.Client, key string, n int64) error {
+// benchWaitCandidates waits until n candidates are under the election key,
+// or until done, if not nil, reports that the wait is moot.
+func benchWaitCandidates(ctx context.Context, cli *clientv3.Client, key string, n int64, done func() bool) error {
 	deadline := time.Now().Add(10 * time.Second)
-	for {
+	for done == nil || !done() {
 		g, err := cli.Get(ctx, key+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
 		if err != nil {
 			return err
@@ -105,6 +105,7 @@ func benchWaitCandidates(ctx context.Context, cli *clientv3.Client, key string, 
 			return err
 		}
 	}
+	return nil
 }
 
 // electionKey returns a fresh election key (no trailing "/").
@@ -137,80 +138,96 @@ func benchResign(ctx context.Context, env *benchEnv, cfg Config) ([]benchRow, er
 		c, p, 0, "as row 3; a watch from a past revision waits for etcd's 100 ms catch-up loop")), nil
 }
 
+// benchResignRounds runs rounds of resignations on each side, and returns
+// the samples of each: resign → successor leads. The successor campaigns
+// settle before the resign.
 func benchResignRounds(ctx context.Context, env *benchEnv, name string, rounds int, settle time.Duration) (c, p benchLatencies, err error) {
-	type pair struct {
-		key              string
-		leader, follower benchCandidate
-	}
-	var pairs []*pair
+	sides := []string{"coord", "plain"}
+	var pairs []*benchResignPair
 	defer func() {
-		for _, p := range pairs {
-			if p.leader != nil {
-				p.leader.close()
-			}
-			if p.follower != nil {
-				p.follower.close()
-			}
+		for _, pr := range pairs {
+			pr.close()
 		}
 	}()
-	for _, side := range []string{"coord", "plain"} {
-		pr := &pair{key: env.electionKey(name, side)}
+	for _, side := range sides {
+		pr := &benchResignPair{key: env.electionKey(name, side)}
 		pairs = append(pairs, pr)
-		for _, cand := range []*benchCandidate{&pr.leader, &pr.follower} {
-			cli, err := env.client()
-			if err != nil {
-				return nil, nil, err
-			}
-			if *cand, err = newBenchCandidate(ctx, side, cli, pr.key, coord.DefaultElectionTTL); err != nil {
-				return nil, nil, err
-			}
-		}
-		if err := pr.leader.campaign(ctx); err != nil {
+		if err := pr.start(ctx, env, side); err != nil {
 			return nil, nil, err
 		}
 	}
-	round := func(p *pair) (time.Duration, error) {
-		res := benchCampaignAsync(ctx, p.follower)
-		if err := benchWaitCandidates(ctx, env.cli, p.key, 2); err != nil {
-			return 0, err
-		}
-		if err := benchSleep(ctx, settle); err != nil {
-			return 0, err
-		}
-		t0 := time.Now()
-		if err := p.leader.resign(ctx); err != nil {
-			return 0, err
-		}
-		select {
-		case r := <-res:
-			if r.err != nil {
-				return 0, r.err
-			}
-			p.leader, p.follower = p.follower, p.leader
-			return r.at.Sub(t0), nil
-		case <-time.After(10 * time.Second):
-			return 0, errors.New("bench: successor not leading 10 s after resign")
-		}
-	}
+	samples := make([]benchLatencies, len(pairs))
 	for i := range rounds {
 		// The sides take turns going first: neither gains from its place.
 		for j := range pairs {
 			k := (i + j) % len(pairs)
-			d, err := round(pairs[k])
+			d, err := pairs[k].round(ctx, env.cli, settle)
 			if err != nil {
-				return nil, nil, fmt.Errorf("%s: %w", []string{"coord", "plain"}[k], err)
+				return nil, nil, fmt.Errorf("%s: %w", sides[k], err)
 			}
-			if k == 0 {
-				c = append(c, d)
-			} else {
-				p = append(p, d)
-			}
+			samples[k] = append(samples[k], d)
 		}
 	}
-	for _, p := range pairs {
-		_ = p.leader.resign(ctx)
+	for _, pr := range pairs {
+		_ = pr.leader.resign(ctx)
 	}
-	return c, p, nil
+	return samples[0], samples[1], nil
+}
+
+// benchResignPair is one side's pair of candidates of scenario 3, on
+// clients of their own, handing leadership back and forth.
+type benchResignPair struct {
+	key              string
+	leader, follower benchCandidate
+}
+
+// start creates the pair's candidates, and the leader leads.
+func (p *benchResignPair) start(ctx context.Context, env *benchEnv, side string) error {
+	for _, cand := range []*benchCandidate{&p.leader, &p.follower} {
+		cli, err := env.client()
+		if err != nil {
+			return err
+		}
+		if *cand, err = newBenchCandidate(ctx, side, cli, p.key, coord.DefaultElectionTTL); err != nil {
+			return err
+		}
+	}
+	return p.leader.campaign(ctx)
+}
+
+// round queues the follower, waits settle once it is in line, resigns the
+// leader and returns how long the follower took to lead; then they swap.
+func (p *benchResignPair) round(ctx context.Context, cli *clientv3.Client, settle time.Duration) (time.Duration, error) {
+	res := benchCampaignAsync(ctx, p.follower)
+	if err := benchWaitCandidates(ctx, cli, p.key, 2, nil); err != nil {
+		return 0, err
+	}
+	if err := benchSleep(ctx, settle); err != nil {
+		return 0, err
+	}
+	t0 := time.Now()
+	if err := p.leader.resign(ctx); err != nil {
+		return 0, err
+	}
+	select {
+	case r := <-res:
+		if r.err != nil {
+			return 0, r.err
+		}
+		p.leader, p.follower = p.follower, p.leader
+		return r.at.Sub(t0), nil
+	case <-time.After(10 * time.Second):
+		return 0, errors.New("bench: successor not leading 10 s after resign")
+	}
+}
+
+func (p *benchResignPair) close() {
+	if p.leader != nil {
+		p.leader.close()
+	}
+	if p.follower != nil {
+		p.follower.close()
+	}
 }
 
 // benchLeaderCrash measures scenario 4: a leader crashes (its client is
@@ -218,14 +235,9 @@ func benchResignRounds(ctx context.Context, env *benchEnv, name string, rounds i
 // leader's lease. Samples are crash → successor leads minus the granted
 // TTL. Many elections run at once; their leaders crash at random moments.
 func benchLeaderCrash(ctx context.Context, env *benchEnv, cfg Config) ([]benchRow, error) {
-	ttl, err := benchGrantedTTL(ctx, env.cli, cfg.crashTTL)
-	if err != nil {
-		return nil, err
-	}
-	c, p, err := benchBoth(
-		func() (benchCrashSamples, error) { return benchLeaderCrashSide(ctx, env, cfg, "coord", ttl) },
-		func() (benchCrashSamples, error) { return benchLeaderCrashSide(ctx, env, cfg, "plain", ttl) },
-	)
+	c, p, ttl, err := benchCrashSides(ctx, env, cfg, func(side string, ttl time.Duration) (benchCrashSamples, error) {
+		return benchLeaderCrashSide(ctx, env, cfg, side, ttl)
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -236,110 +248,118 @@ func benchLeaderCrash(ctx context.Context, env *benchEnv, cfg Config) ([]benchRo
 	}, nil
 }
 
+// benchLeaderCrashSide runs one side of scenario 4: cfg.leaderCrashes
+// elections, set up over about a second, whose leaders crash at random
+// moments over cfg.crashSpan.
 func benchLeaderCrashSide(ctx context.Context, env *benchEnv, cfg Config, side string, ttl time.Duration) (out benchCrashSamples, err error) {
-	type race struct {
-		cli              *clientv3.Client
-		cnt              benchRPCCounter // when the leader's client last renewed
-		key              string
-		leader, follower benchCandidate
-		res              <-chan benchCampaignResult
-	}
-	races := make([]*race, 0, cfg.leaderCrashes)
+	races := make([]*benchFailover, 0, cfg.leaderCrashes)
 	defer func() {
 		for _, r := range races {
-			if r.follower != nil {
-				_ = r.follower.resign(context.Background())
-				r.follower.close()
-			}
-			_ = r.cli.Close()
-			if r.leader != nil {
-				r.leader.close()
-			}
+			r.close()
 		}
 	}()
 	for i := range cfg.leaderCrashes {
 		// Spread over about a second, as in scenario 1.
-		if err := benchSleep(ctx, rand.N(2*time.Second/time.Duration(cfg.leaderCrashes))); err != nil {
+		if err := benchStaggerSetup(ctx, cfg.leaderCrashes); err != nil {
 			return out, err
 		}
-		r := &race{key: env.electionKey("failover", side, fmt.Sprint(i))}
+		r := &benchFailover{key: env.electionKey("failover", side, fmt.Sprint(i))}
 		if r.cli, err = env.client(r.cnt.dialOptions()...); err != nil {
 			return out, err
 		}
 		races = append(races, r)
-		if r.leader, err = newBenchCandidate(ctx, side, r.cli, r.key, cfg.crashTTL); err != nil {
+		if err := r.start(ctx, env, cfg, side); err != nil {
 			return out, err
 		}
-		if err := r.leader.campaign(ctx); err != nil {
-			return out, err
-		}
-		// The successor's session outlives the test: its TTL is not measured.
-		if r.follower, err = newBenchCandidate(ctx, side, env.cli, r.key, coord.DefaultElectionTTL); err != nil {
-			return out, err
-		}
-		r.res = benchCampaignAsync(ctx, r.follower)
 	}
 	env.progress("scenario 4 (%s): set up", side)
 	for _, r := range races {
 		// Unless the leader lost its lease already (then the successor
 		// leads, and the race is not counted), wait for the successor.
-		deadline := time.Now().Add(10 * time.Second)
-		for len(r.res) == 0 {
-			g, err := env.cli.Get(ctx, r.key+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
-			if err != nil {
-				return out, err
-			}
-			if g.Count == 2 {
-				break
-			}
-			if time.Now().After(deadline) {
-				return out, fmt.Errorf("bench: %d candidates under %s, want 2", g.Count, r.key)
-			}
-			if err := benchSleep(ctx, time.Millisecond); err != nil {
-				return out, err
-			}
+		if err := benchWaitCandidates(ctx, env.cli, r.key, 2, func() bool { return len(r.res) > 0 }); err != nil {
+			return out, err
 		}
 	}
 	if err := benchSleep(ctx, 3*ttl/2); err != nil {
 		return out, err
 	}
-	crashed := make([]time.Time, len(races))
-	renewed := make([]time.Duration, len(races))
-	valid := make([]bool, len(races))
-	start := time.Now()
-	for i, off := range benchCrashOffsets(len(races), cfg.crashSpan) {
-		if err := benchSleep(ctx, time.Until(start.Add(off))); err != nil {
-			return out, err
-		}
-		// A leader that lost its lease early (a stall on a loaded machine)
-		// is no crash to measure.
-		valid[i] = races[i].leader.leads() && len(races[i].res) == 0
-		crashed[i] = time.Now()
-		_ = races[i].cli.Close()
-		renewed[i], _ = races[i].cnt.sinceRenewal(crashed[i])
+	if err := benchAtRandom(ctx, len(races), cfg.crashSpan, func(i int) { races[i].crash() }); err != nil {
+		return out, err
 	}
-	var invalid int
+	return benchFailoverSamples(ctx, env, side, races, ttl)
+}
+
+// benchFailover is one election of scenario 4: a leader on a client of its
+// own, which crashes, and a successor queued behind it on the shared
+// client.
+type benchFailover struct {
+	cli              *clientv3.Client
+	cnt              benchRPCCounter // when the leader's client last renewed
+	key              string
+	leader, follower benchCandidate
+	res              <-chan benchCampaignResult // the successor's campaign
+	crashed          benchCrash
+	counted          bool // the leader led until its crash
+}
+
+// start has the leader lead, and queues the successor.
+func (r *benchFailover) start(ctx context.Context, env *benchEnv, cfg Config, side string) (err error) {
+	if r.leader, err = newBenchCandidate(ctx, side, r.cli, r.key, cfg.crashTTL); err != nil {
+		return err
+	}
+	if err := r.leader.campaign(ctx); err != nil {
+		return err
+	}
+	// The successor's session outlives the test: its TTL is not measured.
+	if r.follower, err = newBenchCandidate(ctx, side, env.cli, r.key, coord.DefaultElectionTTL); err != nil {
+		return err
+	}
+	r.res = benchCampaignAsync(ctx, r.follower)
+	return nil
+}
+
+// crash crashes the leader. One that lost its lease early (a stall on a
+// loaded machine) is no crash to measure.
+func (r *benchFailover) crash() {
+	r.counted = r.leader.leads() && len(r.res) == 0
+	r.crashed = benchCrashClient(r.cli, &r.cnt)
+}
+
+func (r *benchFailover) close() {
+	if r.follower != nil {
+		_ = r.follower.resign(context.Background())
+		r.follower.close()
+	}
+	_ = r.cli.Close()
+	if r.leader != nil {
+		r.leader.close()
+	}
+}
+
+// benchFailoverSamples waits for the successors of the crashed leaders, and
+// returns the samples of those counted.
+func benchFailoverSamples(ctx context.Context, env *benchEnv, side string, races []*benchFailover, ttl time.Duration) (out benchCrashSamples, err error) {
+	var uncounted int
 	timeout := time.After(ttl + 10*time.Second)
-	for i, r := range races {
+	for _, r := range races {
 		select {
 		case res := <-r.res:
 			if res.err != nil {
 				return out, res.err
 			}
-			if !valid[i] {
-				invalid++
+			if !r.counted {
+				uncounted++
 				continue
 			}
-			out.fromCrash = append(out.fromCrash, res.at.Sub(crashed[i])-ttl)
-			out.fromRenewal = append(out.fromRenewal, res.at.Sub(crashed[i])+renewed[i]-ttl)
+			out.add(res.at, r.crashed, ttl)
 		case <-timeout:
 			return out, fmt.Errorf("bench: successor of %s not leading %v after the crash", r.key, ttl+10*time.Second)
 		case <-ctx.Done():
 			return out, ctx.Err()
 		}
 	}
-	if invalid > 0 {
-		env.progress("scenario 4 (%s): %d leaders had lost leadership before their crash; not counted", side, invalid)
+	if uncounted > 0 {
+		env.progress("scenario 4 (%s): %d leaders had lost leadership before their crash; not counted", side, uncounted)
 	}
 	return out, nil
 }

@@ -255,6 +255,21 @@ func (l *benchHostLog) wait(ctx context.Context, timeout time.Duration, what str
 	}
 }
 
+// waitUps waits for the Ups of n hosts.
+func (l *benchHostLog) waitUps(ctx context.Context, n int) error {
+	return l.wait(ctx, 30*time.Second, "Up of every host", func() bool { return len(l.up) == n })
+}
+
+// waitDown waits for id's Down, named what in the error if it does not
+// come, and returns when it was seen.
+func (l *benchHostLog) waitDown(ctx context.Context, id, what string) (time.Time, error) {
+	if err := l.wait(ctx, 10*time.Second, what, func() bool { _, ok := l.down[id]; return ok }); err != nil {
+		return time.Time{}, err
+	}
+	at, _ := l.downAt(id)
+	return at, nil
+}
+
 // downAt returns when id was seen Down.
 func (l *benchHostLog) downAt(id string) (time.Time, bool) {
 	l.mu.Lock()
@@ -346,23 +361,10 @@ func benchGrantedTTL(ctx context.Context, cli *clientv3.Client, ttl time.Duratio
 	return time.Duration(g.TTL) * time.Second, nil
 }
 
-// benchCrashOffsets returns n offsets at random over span, sorted: crashes at
-// every phase of etcd's expiry check and of the renewals.
-func benchCrashOffsets(n int, span time.Duration) []time.Duration {
-	off := make([]time.Duration, n)
-	for i := range off {
-		off[i] = rand.N(span)
-	}
-	benchSortDurations(off)
-	return off
-}
-
 // benchSleep sleeps for d or until ctx ends.
 func benchSleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
 	select {
-	case <-t.C:
+	case <-time.After(d): // since Go 1.23 an unfired timer is garbage, not a leak
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
@@ -412,12 +414,12 @@ func benchParallel(ctx context.Context, n, workers int, do func(i int) error) er
 
 // benchBoth runs the coord and the plain side of a scenario at once, for
 // scenarios that mostly wait (on TTLs, or on a window).
-func benchBoth[T any](coordSide, plainSide func() (T, error)) (c, p T, err error) {
+func benchBoth[T any](run func(side string) (T, error)) (c, p T, err error) {
 	var wg sync.WaitGroup
 	var cerr, perr error
 	wg.Add(2)
-	go func() { defer wg.Done(); c, cerr = coordSide() }()
-	go func() { defer wg.Done(); p, perr = plainSide() }()
+	go func() { defer wg.Done(); c, cerr = run("coord") }()
+	go func() { defer wg.Done(); p, perr = run("plain") }()
 	wg.Wait()
 	if cerr != nil {
 		cerr = fmt.Errorf("coord: %w", cerr)
@@ -426,4 +428,42 @@ func benchBoth[T any](coordSide, plainSide func() (T, error)) (c, p T, err error
 		perr = fmt.Errorf("plain: %w", perr)
 	}
 	return c, p, errors.Join(cerr, perr)
+}
+
+// benchInTurn runs the coord side of a scenario, then the plain one,
+// tidying up after each, for scenarios that measure this process's CPU
+// time: the sides must not overlap, nor pay for each other's garbage.
+func benchInTurn[T any](ctx context.Context, env *benchEnv, run func(side string) (T, error)) (c, p T, err error) {
+	var res [2]T
+	for i, side := range []string{"coord", "plain"} {
+		if res[i], err = run(side); err != nil {
+			return c, p, fmt.Errorf("%s: %w", side, err)
+		}
+		env.settle(ctx)
+	}
+	return res[0], res[1], nil
+}
+
+// benchPlainRegister registers host m at key as a user does without coord:
+// a lease of ttl, renewed until renewCtx ends or the client closes, and the
+// key on it. It returns the lease, also when a later step fails (so that
+// the caller can revoke it; NoLease if the grant failed), and the TTL etcd
+// granted.
+func benchPlainRegister(ctx, renewCtx context.Context, cli *clientv3.Client, key string, m coord.HostMetadata, ttl time.Duration) (clientv3.LeaseID, time.Duration, error) {
+	g, err := cli.Grant(ctx, int64(ttl/time.Second))
+	if err != nil {
+		return clientv3.NoLease, 0, err
+	}
+	ka, err := cli.KeepAlive(renewCtx, g.ID)
+	if err != nil {
+		return g.ID, 0, err
+	}
+	go func() {
+		for range ka {
+		}
+	}()
+	if _, err := cli.Put(ctx, key, benchValue(m), clientv3.WithLease(g.ID)); err != nil {
+		return g.ID, 0, err
+	}
+	return g.ID, time.Duration(g.TTL) * time.Second, nil
 }

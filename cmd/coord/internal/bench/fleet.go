@@ -41,15 +41,11 @@ type benchFleetResult struct {
 // KeepAlive + Put per agent, and a concurrency session per key (a lease
 // per key). The sides run one after the other.
 func benchFleet(ctx context.Context, env *benchEnv, cfg Config) ([]benchRow, error) {
-	var res [2]benchFleetResult
-	for i, side := range []string{"coord", "plain"} {
-		var err error
-		if res[i], err = benchFleetSide(ctx, env, cfg, side); err != nil {
-			return nil, fmt.Errorf("%s: %w", side, err)
-		}
-		env.settle(ctx)
+	c, p, err := benchInTurn(ctx, env, func(side string) (benchFleetResult, error) { return benchFleetSide(ctx, env, cfg, side) })
+	if err != nil {
+		return nil, err
 	}
-	return append(benchFleetRows(cfg, res[0], res[1]), benchFleetCostRows(env, cfg, res[0], res[1])...), nil
+	return append(benchFleetRows(cfg, c, p), benchFleetCostRows(env, cfg, c, p)...), nil
 }
 
 // benchFleetRows are the rows of what the fleet asks of etcd.
@@ -62,7 +58,7 @@ func benchFleetRows(cfg Config, c, p benchFleetResult) []benchRow {
 	if !c.etcdLeases {
 		leasesBy = "granted − revoked by the agents"
 	}
-	sessions := (cfg.fleetKeys/cfg.fleetAgents + coord.DefaultKeysPerSession - 1) / coord.DefaultKeysPerSession
+	sessions := benchPoolSessions(cfg.fleetKeys / cfg.fleetAgents)
 	rate := float64(cfg.fleetAgents) * (float64(sessions)*3/cfg.fleetPoolTTL.Seconds() + 3/cfg.fleetLivenessTTL.Seconds())
 	return []benchRow{
 		{
@@ -198,20 +194,27 @@ func benchFleetSide(ctx context.Context, env *benchEnv, cfg Config, side string)
 	if err := benchSleep(ctx, time.Until(t.Add(cfg.fleetLivenessTTL/3+500*time.Millisecond))); err != nil {
 		return r, err
 	}
+	return r, r.measure(ctx, cfg, cl, books, &cnt, prefix)
+}
+
+// measure counts, once the fleet is set up, the leases and keys it holds,
+// then its renewals and the CPU time and memory over the window.
+func (r *benchFleetResult) measure(ctx context.Context, cfg Config, cl *benchCluster, books *clientv3.Client, cnt *benchRPCCounter, prefix string) (err error) {
 	if r.leases, r.keys, r.etcdLeases, err = benchFleetCount(ctx, books, prefix, cl != nil); err != nil {
-		return r, err
+		return err
 	}
 	if !r.etcdLeases {
 		r.leases = cnt.grants.Load() - cnt.revokes.Load()
 	}
 	ka0 := cnt.keepAlives.Load()
-	if m, err = startBenchMeter(ctx, cl, cfg.fleetWindow); err != nil {
-		return r, err
+	m, err := startBenchMeter(ctx, cl, cfg.fleetWindow)
+	if err != nil {
+		return err
 	}
 	r.renewals = float64(cnt.keepAlives.Load()-ka0) / cfg.fleetWindow.Seconds()
 	r.agentsCPU, r.clusterCPU, r.clusterMem, err = m.read()
 	r.cpuOK, r.clusterCPUOK, r.clusterPeak = m.cpuOK, m.clusterCPUOK, r.clusterMem.peak
-	return r, err
+	return err
 }
 
 // benchMeter measures, over a span, the CPU time of this process and of
@@ -299,10 +302,9 @@ func (a *benchFleetAgent) start(ctx context.Context, side string, cfg Config, pr
 	m := benchMeta(side, n)
 	per := cfg.fleetKeys / cfg.fleetAgents
 	key := func(i int) string { return fmt.Sprintf("%selections/%05d", prefix, n*per+i) }
+	var err error
 	if side == "coord" {
-		var err error
-		a.host, err = coord.RegisterHostLiveness(ctx, a.cli, m, coord.LivenessOptions{Prefix: prefix + "hosts/", TTL: cfg.fleetLivenessTTL})
-		if err != nil {
+		if a.host, err = coord.RegisterHostLiveness(ctx, a.cli, m, coord.LivenessOptions{Prefix: prefix + "hosts/", TTL: cfg.fleetLivenessTTL}); err != nil {
 			return err
 		}
 		if a.pool, err = coord.NewElectionPool(a.cli, coord.PoolOptions{TTL: cfg.fleetPoolTTL, Identity: m.Hostname}); err != nil {
@@ -316,22 +318,9 @@ func (a *benchFleetAgent) start(ctx context.Context, side string, cfg Config, pr
 			return e.Campaign(ctx, "")
 		})
 	}
-	g, err := a.cli.Grant(ctx, int64(cfg.fleetLivenessTTL/time.Second))
-	if err != nil {
-		return err
-	}
-	a.lease = g.ID
 	kctx, cancel := context.WithCancel(context.Background())
 	a.cancel = cancel
-	ka, err := a.cli.KeepAlive(kctx, g.ID)
-	if err != nil {
-		return err
-	}
-	go func() {
-		for range ka {
-		}
-	}()
-	if _, err := a.cli.Put(ctx, prefix+"hosts/"+m.HostUUID, benchValue(m), clientv3.WithLease(g.ID)); err != nil {
+	if a.lease, _, err = benchPlainRegister(ctx, kctx, a.cli, prefix+"hosts/"+m.HostUUID, m, cfg.fleetLivenessTTL); err != nil {
 		return err
 	}
 	return benchParallel(ctx, per, benchFleetWorkers, func(i int) error {
@@ -386,9 +375,9 @@ func (a *benchFleetAgent) stop(crashed bool) {
 	})
 	if a.cancel != nil {
 		a.cancel()
-		if !crashed {
-			_, _ = a.cli.Revoke(context.Background(), a.lease)
-		}
+	}
+	if a.lease != clientv3.NoLease && !crashed {
+		_, _ = a.cli.Revoke(context.Background(), a.lease)
 	}
 	_ = a.cli.Close()
 }

@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"time"
@@ -17,14 +16,10 @@ import (
 // TTL. Both sides run at once: they mostly wait on etcd's clock.
 func benchCrashDown(ctx context.Context, env *benchEnv, cfg Config) ([]benchRow, error) {
 	n := cfg.crashHosts
-	ttl, err := benchGrantedTTL(ctx, env.cli, cfg.crashTTL)
-	if err != nil {
-		return nil, err
-	}
-	c, p, err := benchBoth(
-		func() (benchCrashSamples, error) { return benchCrashDownSide(ctx, env, cfg, "coord", n) },
-		func() (benchCrashSamples, error) { return benchCrashDownSide(ctx, env, cfg, "plain", n) },
-	)
+	// Each host's samples are taken less the TTL its own lease was granted.
+	c, p, ttl, err := benchCrashSides(ctx, env, cfg, func(side string, _ time.Duration) (benchCrashSamples, error) {
+		return benchCrashDownSide(ctx, env, cfg, side)
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -38,10 +33,28 @@ func benchCrashDown(ctx context.Context, env *benchEnv, cfg Config) ([]benchRow,
 	}, nil
 }
 
+// benchCrashSides runs both sides of a crash scenario (1 or 4) at once,
+// passing each the TTL etcd grants for cfg.crashTTL, and returns that TTL
+// too: the rows compare latencies less it.
+func benchCrashSides(ctx context.Context, env *benchEnv, cfg Config, side func(side string, ttl time.Duration) (benchCrashSamples, error)) (c, p benchCrashSamples, ttl time.Duration, err error) {
+	if ttl, err = benchGrantedTTL(ctx, env.cli, cfg.crashTTL); err != nil {
+		return c, p, 0, err
+	}
+	c, p, err = benchBoth(func(s string) (benchCrashSamples, error) { return side(s, ttl) })
+	return c, p, ttl, err
+}
+
 // benchCrashSamples are the samples of a crash scenario: from the crash,
 // and from the crashed client's last renewal, both minus the TTL.
 type benchCrashSamples struct {
 	fromCrash, fromRenewal benchLatencies
+}
+
+// add records crash c, seen (Down, or a successor leading) at seen, of a
+// lease of ttl.
+func (s *benchCrashSamples) add(seen time.Time, c benchCrash, ttl time.Duration) {
+	s.fromCrash = append(s.fromCrash, seen.Sub(c.at)-ttl)
+	s.fromRenewal = append(s.fromRenewal, seen.Sub(c.at)+c.renewed-ttl)
 }
 
 // benchCrashRenewalRow is the row that takes the renewal cadence out of a
@@ -52,10 +65,66 @@ func benchCrashRenewalRow(scenario string, c, p benchCrashSamples) benchRow {
 		"0–500 ms: etcd's expiry check alone; the sides differ in the row above only by how recently they renewed")
 }
 
-// benchCrashDownSide registers n hosts, each on its own client, watches them,
-// crashes them at random moments over cfg.crashSpan and returns, per host,
-// the time from the crash to the watcher's Down minus the granted TTL.
-func benchCrashDownSide(ctx context.Context, env *benchEnv, cfg Config, side string, n int) (out benchCrashSamples, err error) {
+// benchCrash is one crash: when the client was closed, and how long before
+// that it had last sent a renewal.
+type benchCrash struct {
+	at      time.Time
+	renewed time.Duration
+}
+
+// benchCrashClient crashes cli now: it is closed, nothing is revoked. cnt
+// counts cli's renewals.
+func benchCrashClient(cli *clientv3.Client, cnt *benchRPCCounter) benchCrash {
+	at := time.Now()
+	_ = cli.Close()
+	renewed, _ := cnt.sinceRenewal(at)
+	return benchCrash{at: at, renewed: renewed}
+}
+
+// benchAtRandom calls do(0) to do(n-1), in turn, at n moments drawn at
+// random over span from now: crashes at every phase of etcd's expiry check
+// and of the renewals.
+func benchAtRandom(ctx context.Context, n int, span time.Duration, do func(i int)) error {
+	off := make([]time.Duration, n)
+	for i := range off {
+		off[i] = rand.N(span)
+	}
+	benchSortDurations(off)
+	start := time.Now()
+	for i := range off {
+		if err := benchSleep(ctx, time.Until(start.Add(off[i]))); err != nil {
+			return err
+		}
+		do(i)
+	}
+	return nil
+}
+
+// benchStaggerSetup pauses at random before one of n setups, spreading
+// them over about a second, as a fleet's hosts start at random moments:
+// the etcd client renews on a 500 ms tick of its own, and its phase
+// against etcd's 500 ms expiry check sets how late a crashed host's lease
+// goes.
+func benchStaggerSetup(ctx context.Context, n int) error {
+	return benchSleep(ctx, rand.N(2*time.Second/time.Duration(n)))
+}
+
+// benchCrashHost is a host of scenario 1, on a client of its own.
+type benchCrashHost struct {
+	id      string
+	cli     *clientv3.Client
+	cnt     *benchRPCCounter // when the client last renewed
+	ttl     time.Duration    // granted
+	h       *coord.HostLiveness
+	crashed benchCrash
+}
+
+// benchCrashDownSide registers cfg.crashHosts hosts, each on its own
+// client, watches them, crashes them at random moments over cfg.crashSpan
+// and returns, per host, the time from the crash to the watcher's Down
+// minus the granted TTL.
+func benchCrashDownSide(ctx context.Context, env *benchEnv, cfg Config, side string) (out benchCrashSamples, err error) {
+	n := cfg.crashHosts
 	prefix := env.prefix("crash", side)
 	log := newBenchHostLog()
 	stopWatch, err := benchStartWatch(ctx, env, side, prefix, log)
@@ -63,67 +132,21 @@ func benchCrashDownSide(ctx context.Context, env *benchEnv, cfg Config, side str
 		return out, err
 	}
 	defer stopWatch()
-
-	type host struct {
-		id  string
-		cli *clientv3.Client
-		cnt *benchRPCCounter // when the client last renewed
-		ttl time.Duration
-		h   *coord.HostLiveness // coord side
-	}
-	hosts := make([]host, n)
+	hosts := make([]benchCrashHost, n)
 	defer func() {
 		for _, h := range hosts {
-			if h.h != nil {
-				_ = h.h.Stop(context.Background()) // its client is closed: ends at once
-			}
-			if h.cli != nil {
-				_ = h.cli.Close() // on an early return, the hosts not crashed yet
-			}
+			h.close()
 		}
 	}()
 	for i := range hosts {
-		// Spread the setups over about a second, as a fleet's hosts start
-		// at random moments: the etcd client renews on a 500 ms tick of
-		// its own, and its phase against etcd's 500 ms expiry check sets
-		// how late a crashed host's lease goes.
-		if err := benchSleep(ctx, rand.N(2*time.Second/time.Duration(n))); err != nil {
+		if err := benchStaggerSetup(ctx, n); err != nil {
 			return out, err
 		}
-		m := benchMeta(side, i)
-		cnt := &benchRPCCounter{}
-		c, err := env.client(cnt.dialOptions()...)
-		if err != nil {
+		if hosts[i], err = benchNewCrashHost(ctx, env, cfg, side, prefix, i); err != nil {
 			return out, err
 		}
-		hosts[i] = host{id: m.HostUUID, cli: c, cnt: cnt}
-		if side == "coord" {
-			h, err := coord.RegisterHostLiveness(ctx, c, m, coord.LivenessOptions{Prefix: prefix, TTL: cfg.crashTTL})
-			if err != nil {
-				return out, err
-			}
-			hosts[i].h, hosts[i].ttl = h, h.TTL()
-			continue
-		}
-		// What a user writes: a lease, kept alive, and the key on it.
-		g, err := c.Grant(ctx, int64(cfg.crashTTL/time.Second))
-		if err != nil {
-			return out, err
-		}
-		ka, err := c.KeepAlive(context.Background(), g.ID) // until the client closes
-		if err != nil {
-			return out, err
-		}
-		go func() {
-			for range ka {
-			}
-		}()
-		if _, err := c.Put(ctx, prefix+m.HostUUID, benchValue(m), clientv3.WithLease(g.ID)); err != nil {
-			return out, err
-		}
-		hosts[i].ttl = time.Duration(g.TTL) * time.Second
 	}
-	if err := log.wait(ctx, 30*time.Second, "Up of every host", func() bool { return len(log.up) == n }); err != nil {
+	if err := log.waitUps(ctx, n); err != nil {
 		return out, err
 	}
 	// Let renewals run for a while, so that each host crashes at a random
@@ -131,27 +154,45 @@ func benchCrashDownSide(ctx context.Context, env *benchEnv, cfg Config, side str
 	if err := benchSleep(ctx, 3*cfg.crashTTL/2); err != nil {
 		return out, err
 	}
-	crashed := make([]time.Time, n)
-	renewed := make([]time.Duration, n) // before the crash
-	start := time.Now()
-	for i, off := range benchCrashOffsets(n, cfg.crashSpan) {
-		if err := benchSleep(ctx, time.Until(start.Add(off))); err != nil {
-			return out, err
-		}
-		crashed[i] = time.Now()
-		_ = hosts[i].cli.Close()
-		renewed[i], _ = hosts[i].cnt.sinceRenewal(crashed[i])
-	}
-	timeout := cfg.crashTTL + 10*time.Second
-	if err := log.wait(ctx, timeout, "Down of every crashed host", func() bool { return len(log.down) == n }); err != nil {
+	if err := benchAtRandom(ctx, n, cfg.crashSpan, func(i int) { hosts[i].crashed = benchCrashClient(hosts[i].cli, hosts[i].cnt) }); err != nil {
 		return out, err
 	}
-	for i, h := range hosts {
+	if err := log.wait(ctx, cfg.crashTTL+10*time.Second, "Down of every crashed host", func() bool { return len(log.down) == n }); err != nil {
+		return out, err
+	}
+	for _, h := range hosts {
 		at, _ := log.downAt(h.id)
-		out.fromCrash = append(out.fromCrash, at.Sub(crashed[i])-h.ttl)
-		out.fromRenewal = append(out.fromRenewal, at.Sub(crashed[i])+renewed[i]-h.ttl)
+		out.add(at, h.crashed, h.ttl)
 	}
 	return out, nil
+}
+
+// benchNewCrashHost registers host i of side under prefix, on a client of
+// its own. What it returns is to be closed also after an error.
+func benchNewCrashHost(ctx context.Context, env *benchEnv, cfg Config, side, prefix string, i int) (h benchCrashHost, err error) {
+	m := benchMeta(side, i)
+	h = benchCrashHost{id: m.HostUUID, cnt: &benchRPCCounter{}}
+	if h.cli, err = env.client(h.cnt.dialOptions()...); err != nil {
+		return h, err
+	}
+	if side == "coord" {
+		if h.h, err = coord.RegisterHostLiveness(ctx, h.cli, m, coord.LivenessOptions{Prefix: prefix, TTL: cfg.crashTTL}); err != nil {
+			return h, err
+		}
+		h.ttl = h.h.TTL()
+		return h, nil
+	}
+	_, h.ttl, err = benchPlainRegister(ctx, context.Background(), h.cli, prefix+m.HostUUID, m, cfg.crashTTL)
+	return h, err
+}
+
+func (h benchCrashHost) close() {
+	if h.h != nil {
+		_ = h.h.Stop(context.Background()) // its client is closed: ends at once
+	}
+	if h.cli != nil {
+		_ = h.cli.Close() // on an early return, the hosts not crashed yet
+	}
 }
 
 // benchStartWatch watches prefix with coord's watcher or with plain Get+Watch,
@@ -175,97 +216,107 @@ func benchStopDown(ctx context.Context, env *benchEnv, cfg Config) ([]benchRow, 
 	if err != nil {
 		return nil, err
 	}
-	cprefix, pprefix := env.prefix("stop", "coord"), env.prefix("stop", "plain")
-	clog, plog := newBenchHostLog(), newBenchHostLog()
-	stopC, err := benchStartWatch(ctx, env, "coord", cprefix, clog)
+	s := &benchStopRun{cli: hostCli, cprefix: env.prefix("stop", "coord"), pprefix: env.prefix("stop", "plain"),
+		clog: newBenchHostLog(), plog: newBenchHostLog()}
+	stopC, err := benchStartWatch(ctx, env, "coord", s.cprefix, s.clog)
 	if err != nil {
 		return nil, err
 	}
 	defer stopC()
-	stopP, err := benchStartWatch(ctx, env, "plain", pprefix, plog)
+	stopP, err := benchStartWatch(ctx, env, "plain", s.pprefix, s.plog)
 	if err != nil {
 		return nil, err
 	}
 	defer stopP()
-
-	type plainHost struct {
-		id     string
-		lease  clientv3.LeaseID
-		cancel context.CancelFunc
-	}
-	chosts := make([]*coord.HostLiveness, 0, n)
-	phosts := make([]plainHost, 0, n)
-	defer func() {
-		for _, h := range chosts {
-			_ = h.Stop(context.Background())
-		}
-		for _, h := range phosts {
-			h.cancel()
-		}
-	}()
-	for i := range n {
-		m := benchMeta("coord", i)
-		h, err := coord.RegisterHostLiveness(ctx, hostCli, m, coord.LivenessOptions{Prefix: cprefix})
-		if err != nil {
-			return nil, err
-		}
-		chosts = append(chosts, h)
-
-		m = benchMeta("plain", i)
-		g, err := hostCli.Grant(ctx, int64(coord.DefaultLivenessTTL/time.Second))
-		if err != nil {
-			return nil, err
-		}
-		kctx, cancel := context.WithCancel(context.Background())
-		phosts = append(phosts, plainHost{id: m.HostUUID, lease: g.ID, cancel: cancel})
-		ka, err := hostCli.KeepAlive(kctx, g.ID)
-		if err != nil {
-			return nil, err
-		}
-		go func() {
-			for range ka {
-			}
-		}()
-		if _, err := hostCli.Put(ctx, pprefix+m.HostUUID, benchValue(m), clientv3.WithLease(g.ID)); err != nil {
-			return nil, err
-		}
-	}
-	if err := clog.wait(ctx, 30*time.Second, "Up of every host", func() bool { return len(clog.up) == n }); err != nil {
-		return nil, err
-	}
-	if err := plog.wait(ctx, 30*time.Second, "Up of every host", func() bool { return len(plog.up) == n }); err != nil {
+	defer s.close()
+	if err := s.register(ctx, n); err != nil {
 		return nil, err
 	}
 	var c, p benchLatencies
 	for i := range n {
-		// coord: Stop revokes the lease.
-		id := chosts[i].Key()[len(cprefix):]
-		t0 := time.Now()
-		if err := chosts[i].Stop(ctx); err != nil {
+		dc, err := s.stopCoord(ctx, i)
+		if err != nil {
 			return nil, err
 		}
-		if err := clog.wait(ctx, 10*time.Second, "Down after Stop", func() bool { _, ok := clog.down[id]; return ok }); err != nil {
+		dp, err := s.stopPlain(ctx, i)
+		if err != nil {
 			return nil, err
 		}
-		at, _ := clog.downAt(id)
-		c = append(c, at.Sub(t0))
-
-		// plain: Revoke, and stop renewing.
-		t0 = time.Now()
-		if _, err := hostCli.Revoke(ctx, phosts[i].lease); err != nil {
-			return nil, err
-		}
-		phosts[i].cancel()
-		if err := plog.wait(ctx, 10*time.Second, "Down after Revoke", func() bool { _, ok := plog.down[phosts[i].id]; return ok }); err != nil {
-			return nil, err
-		}
-		at, _ = plog.downAt(phosts[i].id)
-		p = append(p, at.Sub(t0))
-	}
-	if len(c) != n || len(p) != n {
-		return nil, errors.New("bench: samples missing")
+		c, p = append(c, dc), append(p, dp)
 	}
 	return []benchRow{benchLatencyRow(
 		fmt.Sprintf("2. Stop → Down at a watcher (graceful): %d hosts; coord Stop vs plain Revoke + watch, p50 / p99", n),
 		c, p, 0, "one Revoke round trip + the watch event: the plain column")}, nil
+}
+
+// benchStopRun is the hosts of scenario 2, all on one client: coord's under
+// cprefix, followed in clog, and the plain ones under pprefix, in plog.
+type benchStopRun struct {
+	cli              *clientv3.Client
+	cprefix, pprefix string
+	clog, plog       *benchHostLog
+	chosts           []*coord.HostLiveness
+	phosts           []benchStopPlainHost
+}
+
+type benchStopPlainHost struct {
+	id     string
+	lease  clientv3.LeaseID
+	cancel context.CancelFunc // ends the renewals
+}
+
+// register registers n hosts on each side, and waits for their Ups.
+func (s *benchStopRun) register(ctx context.Context, n int) error {
+	for i := range n {
+		h, err := coord.RegisterHostLiveness(ctx, s.cli, benchMeta("coord", i), coord.LivenessOptions{Prefix: s.cprefix})
+		if err != nil {
+			return err
+		}
+		s.chosts = append(s.chosts, h)
+
+		m := benchMeta("plain", i)
+		kctx, cancel := context.WithCancel(context.Background())
+		s.phosts = append(s.phosts, benchStopPlainHost{id: m.HostUUID, cancel: cancel})
+		if s.phosts[i].lease, _, err = benchPlainRegister(ctx, kctx, s.cli, s.pprefix+m.HostUUID, m, coord.DefaultLivenessTTL); err != nil {
+			return err
+		}
+	}
+	if err := s.clog.waitUps(ctx, n); err != nil {
+		return err
+	}
+	return s.plog.waitUps(ctx, n)
+}
+
+// stopCoord stops coord's host i, and returns how long its watcher took to
+// see it Down: Stop revokes the lease.
+func (s *benchStopRun) stopCoord(ctx context.Context, i int) (time.Duration, error) {
+	id := s.chosts[i].Key()[len(s.cprefix):]
+	t0 := time.Now()
+	if err := s.chosts[i].Stop(ctx); err != nil {
+		return 0, err
+	}
+	at, err := s.clog.waitDown(ctx, id, "Down after Stop")
+	return at.Sub(t0), err
+}
+
+// stopPlain stops the plain host i as a user would, Revoke and no more
+// renewals, and returns how long its watcher took to see it Down.
+func (s *benchStopRun) stopPlain(ctx context.Context, i int) (time.Duration, error) {
+	h := s.phosts[i]
+	t0 := time.Now()
+	if _, err := s.cli.Revoke(ctx, h.lease); err != nil {
+		return 0, err
+	}
+	h.cancel()
+	at, err := s.plog.waitDown(ctx, h.id, "Down after Revoke")
+	return at.Sub(t0), err
+}
+
+func (s *benchStopRun) close() {
+	for _, h := range s.chosts {
+		_ = h.Stop(context.Background())
+	}
+	for _, h := range s.phosts {
+		h.cancel()
+	}
 }

@@ -79,13 +79,19 @@ func (c *benchRPCCounter) sinceRenewal(t time.Time) (time.Duration, bool) {
 type benchLoadResult struct {
 	keepAlives, streams float64 // per second
 	leases              int64   // held during the window
-	cpu                 time.Duration
+	cpu                 float64 // this process, ms per s
 	cpuOK               bool
 }
 
 // benchLoadWorkers is how many campaigns of scenario 7 are in flight at
 // once while a side sets up: a host taking its keys at start.
 const benchLoadWorkers = 32
+
+// benchPoolSessions is how many sessions an ElectionPool holds for keys
+// elections, with its default KeysPerSession.
+func benchPoolSessions(keys int) int {
+	return (keys + coord.DefaultKeysPerSession - 1) / coord.DefaultKeysPerSession
+}
 
 // benchLoad measures scenario 7: one host with its liveness and
 // cfg.loadKeys pooled election keys (each campaigned, so the host leads
@@ -97,30 +103,38 @@ const benchLoadWorkers = 32
 // after the other, so that the process CPU time of each can be told apart.
 func benchLoad(ctx context.Context, env *benchEnv, cfg Config) ([]benchRow, error) {
 	// What the process burns with nothing to do, for comparison.
-	idle := cfg.loadWindow / 3
-	cpu0, cpuOK := benchProcessCPU()
-	if err := benchSleep(ctx, idle); err != nil {
+	idle, err := startBenchMeter(ctx, nil, cfg.loadWindow/3)
+	if err != nil {
 		return nil, err
 	}
-	cpu1, _ := benchProcessCPU()
-	idleCPU := float64(cpu1-cpu0) / float64(time.Millisecond) / idle.Seconds()
-	var res [2]benchLoadResult
-	for i, side := range []string{"coord", "plain"} {
-		var err error
-		if res[i], err = benchLoadSide(ctx, env, cfg, side); err != nil {
-			return nil, fmt.Errorf("%s: %w", side, err)
-		}
-		env.settle(ctx)
+	idleCPU, _, _, _ := idle.read()
+	c, p, err := benchInTurn(ctx, env, func(side string) (benchLoadResult, error) { return benchLoadSide(ctx, env, cfg, side) })
+	if err != nil {
+		return nil, err
 	}
-	c, p := res[0], res[1]
+	rows := benchLoadRows(cfg, c, p)
+	if idle.cpuOK && c.cpuOK && p.cpuOK {
+		rows = append(rows, benchRow{
+			scenario: "7. etcd load, same host: CPU of this process (client" + map[bool]string{true: " + embedded etcd", false: ""}[env.embedded] + ") during the window, ms per s",
+			coord:    fmt.Sprintf("%.1f ms/s", c.cpu),
+			plain:    fmt.Sprintf("%.1f ms/s", p.cpu),
+			ratio:    benchRatio(c.cpu, p.cpu, "CPU"),
+			limit:    fmt.Sprintf("aim: ratio ≤ 1.2; %.1f ms/s idle (nothing registered)", idleCPU),
+		})
+	}
+	return rows, nil
+}
+
+// benchLoadRows are the rows of what the host asks of etcd.
+func benchLoadRows(cfg Config, c, p benchLoadResult) []benchRow {
 	// What the layout needs: a lease per KeysPerSession keys and the
 	// registration's, each renewed every third of its TTL, on one
 	// long-lived stream.
-	sessions := (cfg.loadKeys + coord.DefaultKeysPerSession - 1) / coord.DefaultKeysPerSession
+	sessions := benchPoolSessions(cfg.loadKeys)
 	rate := float64(sessions)*3/cfg.loadPoolTTL.Seconds() + 3/cfg.loadLivenessTTL.Seconds()
 	setup := fmt.Sprintf("one host: liveness (TTL %s) + %s pooled election keys (TTL %s, %s keys per lease), led",
 		benchSecs(cfg.loadLivenessTTL), benchCount(cfg.loadKeys), benchSecs(cfg.loadPoolTTL), benchCount(coord.DefaultKeysPerSession))
-	rows := []benchRow{
+	return []benchRow{
 		{
 			scenario: fmt.Sprintf("7. etcd load, %s: LeaseKeepAlive requests/s over %s", setup, benchSecs(cfg.loadWindow)),
 			coord:    fmt.Sprintf("%.2f/s", c.keepAlives),
@@ -145,21 +159,10 @@ func benchLoad(ctx context.Context, env *benchEnv, cfg Config) ([]benchRow, erro
 				sessions+1, benchCount(cfg.loadKeys), benchCount(coord.DefaultKeysPerSession)),
 		},
 	}
-	if cpuOK && c.cpuOK && p.cpuOK {
-		perSec := func(d time.Duration) float64 {
-			return float64(d) / float64(time.Millisecond) / cfg.loadWindow.Seconds()
-		}
-		rows = append(rows, benchRow{
-			scenario: "7. etcd load, same host: CPU of this process (client" + map[bool]string{true: " + embedded etcd", false: ""}[env.embedded] + ") during the window, ms per s",
-			coord:    fmt.Sprintf("%.1f ms/s", perSec(c.cpu)),
-			plain:    fmt.Sprintf("%.1f ms/s", perSec(p.cpu)),
-			ratio:    benchRatio(float64(c.cpu), float64(p.cpu), "CPU"),
-			limit:    fmt.Sprintf("aim: ratio ≤ 1.2; %.1f ms/s idle (nothing registered)", idleCPU),
-		})
-	}
-	return rows, nil
 }
 
+// benchLoadSide sets up one side of scenario 7 on a client of its own, and
+// counts what it sends over the window.
 func benchLoadSide(ctx context.Context, env *benchEnv, cfg Config, side string) (benchLoadResult, error) {
 	var cnt benchRPCCounter
 	cli, err := env.client(cnt.dialOptions()...)
@@ -191,18 +194,18 @@ func benchLoadSide(ctx context.Context, env *benchEnv, cfg Config, side string) 
 	}
 	leases := cnt.grants.Load() - cnt.revokes.Load()
 	ka0, st0 := cnt.keepAlives.Load(), cnt.streams.Load()
-	cpu0, cpuOK := benchProcessCPU()
-	if err := benchSleep(ctx, cfg.loadWindow); err != nil {
+	meter, err := startBenchMeter(ctx, nil, cfg.loadWindow)
+	if err != nil {
 		return benchLoadResult{}, err
 	}
-	cpu1, _ := benchProcessCPU()
+	cpu, _, _, _ := meter.read()
 	w := cfg.loadWindow.Seconds()
 	return benchLoadResult{
 		keepAlives: float64(cnt.keepAlives.Load()-ka0) / w,
 		streams:    float64(cnt.streams.Load()-st0) / w,
 		leases:     leases,
-		cpu:        cpu1 - cpu0,
-		cpuOK:      cpuOK,
+		cpu:        cpu,
+		cpuOK:      meter.cpuOK,
 	}, nil
 }
 
@@ -236,31 +239,22 @@ func benchLoadCoord(ctx context.Context, cli *clientv3.Client, cfg Config, prefi
 // coord.DefaultKeysPerSession keys, leading each key with an election on
 // it. stop releases them, also after an error.
 func benchLoadPlain(ctx context.Context, cli *clientv3.Client, cfg Config, prefix string, m coord.HostMetadata, key func(int) string) (stop func(), err error) {
-	g, err := cli.Grant(ctx, int64(cfg.loadLivenessTTL/time.Second))
-	if err != nil {
-		return nil, err
-	}
 	kctx, cancel := context.WithCancel(context.Background())
+	var lease clientv3.LeaseID
 	var sessions []*concurrency.Session
 	stop = func() {
 		for _, s := range sessions {
 			_ = s.Close()
 		}
 		cancel()
-		_, _ = cli.Revoke(context.Background(), g.ID)
-	}
-	ka, err := cli.KeepAlive(kctx, g.ID)
-	if err != nil {
-		return stop, err
-	}
-	go func() {
-		for range ka {
+		if lease != clientv3.NoLease {
+			_, _ = cli.Revoke(context.Background(), lease)
 		}
-	}()
-	if _, err := cli.Put(ctx, prefix+m.HostUUID, benchValue(m), clientv3.WithLease(g.ID)); err != nil {
+	}
+	if lease, _, err = benchPlainRegister(ctx, kctx, cli, prefix+m.HostUUID, m, cfg.loadLivenessTTL); err != nil {
 		return stop, err
 	}
-	for range (cfg.loadKeys + coord.DefaultKeysPerSession - 1) / coord.DefaultKeysPerSession {
+	for range benchPoolSessions(cfg.loadKeys) {
 		s, err := concurrency.NewSession(cli, concurrency.WithTTL(int(cfg.loadPoolTTL/time.Second)), concurrency.WithContext(context.Background()))
 		if err != nil {
 			return stop, err

@@ -96,106 +96,146 @@ func benchShards(ctx context.Context, env *benchEnv, cfg Config) ([]benchRow, er
 // benchShardRows are the rows of one size: coord's run c, and the naive
 // plan's p if it was run at that size.
 func benchShardRows(num, head string, c benchShardResult, p *benchShardResult) []benchRow {
-	naiveKeys := c.hosts * c.shards
-	plain := func(f func(p benchShardResult) string) string {
-		if p == nil {
-			return fmt.Sprintf("not run (it would hold %s leases): see 10b", benchCount(naiveKeys))
-		}
-		return f(*p)
+	r := benchShardReport{num: num, head: head, c: c, p: p}
+	return []benchRow{r.coldRow(), r.spreadRow(), r.joinRow(), r.crashRow(), r.leasesRow()}
+}
+
+// benchShardReport writes the rows of one size of scenario 10: c is
+// coord's run, p the naive plan's, nil if it was not run at that size.
+type benchShardReport struct {
+	num, head string
+	c         benchShardResult
+	p         *benchShardResult
+}
+
+// plain is the plain cell: f of the naive run, or why there is none.
+func (r benchShardReport) plain(f func(p benchShardResult) string) string {
+	if r.p == nil {
+		return fmt.Sprintf("not run (it would hold %s leases): see 10b", benchCount(r.c.hosts*r.c.shards))
 	}
-	ratio := func(what string, f func(r benchShardResult) float64) string {
-		if p == nil {
-			return "n/a (" + what + ")"
-		}
-		return benchRatio(f(c), f(*p), what)
+	return f(*r.p)
+}
+
+// ratio is the ratio cell of figure f, named what.
+func (r benchShardReport) ratio(what string, f func(x benchShardResult) float64) string {
+	if r.p == nil {
+		return "n/a (" + what + ")"
 	}
-	secs := func(d time.Duration) string { return fmt.Sprintf("%.2f s", d.Seconds()) }
-	// troubles names what went wrong meanwhile, if anything did.
-	troubles := func(lost, heals int, naiveLost int) string {
-		var out []string
-		if lost > 0 || heals > 0 {
-			out = append(out, fmt.Sprintf("meanwhile %s released for a lost leadership (ErrLeadershipLost: renewals unanswered in time, mostly) and %s",
-				benchPlural(lost, "owned shard"), benchPlural(heals, "registration heal")))
-		}
-		if p != nil && naiveLost > 0 {
-			out = append(out, fmt.Sprintf("naive: %s lost meanwhile (session ended)", benchPlural(naiveLost, "owned shard")))
-		}
-		if len(out) == 0 {
-			return ""
-		}
-		return "; " + strings.Join(out, "; ")
+	return benchRatio(f(r.c), f(*r.p), what)
+}
+
+// troubles names what went wrong in a phase, if anything did; phase
+// returns a run's leaderships lost and heals in it.
+func (r benchShardReport) troubles(phase func(x benchShardResult) (lost, heals int)) string {
+	var out []string
+	if lost, heals := phase(r.c); lost > 0 || heals > 0 {
+		out = append(out, fmt.Sprintf("meanwhile %s released for a lost leadership (ErrLeadershipLost: renewals unanswered in time, mostly) and %s",
+			benchPlural(lost, "owned shard"), benchPlural(heals, "registration heal")))
 	}
-	var naiveCold, naiveJoin, naiveCrash int
+	if r.p != nil {
+		if lost, _ := phase(*r.p); lost > 0 {
+			out = append(out, fmt.Sprintf("naive: %s lost meanwhile (session ended)", benchPlural(lost, "owned shard")))
+		}
+	}
+	if len(out) == 0 {
+		return ""
+	}
+	return "; " + strings.Join(out, "; ")
+}
+
+// overlaps says whether a shard ever had two live owners at once.
+func (r benchShardReport) overlaps() string {
+	c, p := r.c, r.p
+	if c.overlaps == 0 && (p == nil || p.overlaps == 0) {
+		return "; no shard had two live owners at once (by the signals)"
+	}
+	s := fmt.Sprintf("; a shard had two live owners at once, by the signals: %d times", c.overlaps)
 	if p != nil {
-		naiveCold, naiveJoin, naiveCrash = p.coldLost, p.joinLost, p.crashLost
+		s += fmt.Sprintf(" (naive: %d)", p.overlaps)
 	}
-	overlaps := "; no shard had two live owners at once (by the signals)"
-	if c.overlaps > 0 || p != nil && p.overlaps > 0 {
-		overlaps = fmt.Sprintf("; a shard had two live owners at once, by the signals: %d times", c.overlaps)
-		if p != nil {
-			overlaps += fmt.Sprintf(" (naive: %d)", p.overlaps)
-		}
+	return s
+}
+
+// perHost is K/(N+1): the shards a host owns once one has joined.
+func (r benchShardReport) perHost() float64 { return float64(r.c.shards) / float64(r.c.hosts+1) }
+
+func benchShardSecs(d time.Duration) string { return fmt.Sprintf("%.2f s", d.Seconds()) }
+
+func (r benchShardReport) coldRow() benchRow {
+	c, secs := r.c, benchShardSecs
+	naive := ""
+	if r.p != nil {
+		naive = "; naive: set up once every candidacy is in line, a shard owned once one campaign for it returns (by whichever host started first)"
 	}
-	naiveCold0 := ""
-	if p != nil {
-		naiveCold0 = "; naive: set up once every candidacy is in line, a shard owned once one campaign for it returns (by whichever host started first)"
+	return benchRow{
+		scenario: r.head + ": cold start, " + benchShardStarts(c.stagger) + " → every shard owned by its top-ranked host (acquire signals, then Owned()); from the first start (and from the last)",
+		coord:    fmt.Sprintf("%s (%s; %s acquisitions)", secs(c.cold), secs(c.coldAfterLast), benchCount(c.coldAcq)),
+		plain: r.plain(func(p benchShardResult) string {
+			return fmt.Sprintf("%s (%s): all %s candidacies in line; every shard owned after %s",
+				secs(p.inLine), secs(max(p.inLine-p.lastStart, 0)), benchCount(p.hosts*p.shards), secs(p.cold))
+		}),
+		ratio: r.ratio("time until set up", func(x benchShardResult) float64 {
+			if x.inLine > 0 {
+				return x.inLine.Seconds()
+			}
+			return x.cold.Seconds()
+		}),
+		limit: fmt.Sprintf("acquisitions − %s = handoffs from a lower-ranked host that started first%s%s%s",
+			benchCount(c.shards), naive, r.troubles(func(x benchShardResult) (int, int) { return x.coldLost, x.coldHeals }), r.overlaps()),
 	}
-	perHost := float64(c.shards) / float64(c.hosts+1)
-	return []benchRow{
-		{
-			scenario: head + ": cold start, " + benchShardStarts(c.stagger) + " → every shard owned by its top-ranked host (acquire signals, then Owned()); from the first start (and from the last)",
-			coord:    fmt.Sprintf("%s (%s; %s acquisitions)", secs(c.cold), secs(c.coldAfterLast), benchCount(c.coldAcq)),
-			plain: plain(func(p benchShardResult) string {
-				return fmt.Sprintf("%s (%s): all %s candidacies in line; every shard owned after %s",
-					secs(p.inLine), secs(max(p.inLine-p.lastStart, 0)), benchCount(p.hosts*p.shards), secs(p.cold))
-			}),
-			ratio: ratio("time until set up", func(r benchShardResult) float64 {
-				if r.inLine > 0 {
-					return r.inLine.Seconds()
-				}
-				return r.cold.Seconds()
-			}),
-			limit: fmt.Sprintf("acquisitions − %s = handoffs from a lower-ranked host that started first%s%s%s",
-				benchCount(c.shards), naiveCold0, troubles(c.coldLost, c.coldHeals, naiveCold), overlaps),
-		},
-		{
-			scenario: num + " same, once settled from cold: shards owned by the busiest host / by the idlest",
-			coord:    fmt.Sprintf("%d / %d", c.most, c.fewest),
-			plain:    plain(func(p benchShardResult) string { return fmt.Sprintf("%d / %d", p.most, p.fewest) }),
-			ratio:    ratio("busiest", func(r benchShardResult) float64 { return float64(r.most) }),
-			limit: fmt.Sprintf("K/N = %.1f; rendezvous hashing spreads them as a fair draw (±%.1f at 1σ); naive: whoever campaigned first owns the shard",
-				float64(c.shards)/float64(c.hosts), math.Sqrt(float64(c.shards)*(1-1/float64(c.hosts))/float64(c.hosts))),
-		},
-		{
-			scenario: fmt.Sprintf("%s same: host %d joins (registration, then its ShardSet): shards moved, and time from the registration to the last move's acquire", num, c.hosts+1),
-			coord:    fmt.Sprintf("%d moved (it tops %d) in %s", c.joinMoved, c.joinRanked, secs(c.join)),
-			plain: plain(func(p benchShardResult) string {
-				return fmt.Sprintf("%d moved; its %s candidacies in line after %s", p.joinMoved, benchCount(p.shards), secs(p.join))
-			}),
-			ratio: "n/a (moves)",
-			limit: fmt.Sprintf("K/(N+1) = %.1f: only the shards the new host tops move, each once; naive: it queues last for every shard, so nothing moves to it%s",
-				perHost, troubles(c.joinLost, c.joinHeals, naiveJoin)),
-		},
-		{
-			scenario: num + " same: the host owning the most shards crashes (its link cut, then its client closed: no resign, no revoke): shards moved, and time until every shard is owned again (coord: by its top-ranked live host)",
-			coord:    fmt.Sprintf("%d moved (it owned %d) in %s", c.crashMoved, c.crashOwned, secs(c.crash)),
-			plain: plain(func(p benchShardResult) string {
-				return fmt.Sprintf("%d moved (it owned %d) in %s", p.crashMoved, p.crashOwned, secs(p.crash))
-			}),
-			ratio: ratio("time", func(r benchShardResult) float64 { return r.crash.Seconds() }),
-			limit: fmt.Sprintf("2/3 TTL to TTL + 0.5 s: its leases, renewed every TTL/3, expire at etcd's next expiry check (every 0.5 s), and the standby already in line leads; K/(N+1) = %.1f%s",
-				perHost, troubles(c.crashLost, c.crashHeals, naiveCrash)),
-		},
-		{
-			scenario: num + " same, once settled from cold: leases held" + benchShardLeasesBy(c) + ", and keys under the run's prefix (count-only Get)",
-			coord:    fmt.Sprintf("%s, %s keys", benchShardLeases(c), benchCount(int(c.keys))),
-			plain: plain(func(p benchShardResult) string {
-				return fmt.Sprintf("%s, %s keys", benchShardLeases(p), benchCount(int(p.keys)))
-			}),
-			ratio: ratio("leases", func(r benchShardResult) float64 { return float64(r.leases) }),
-			limit: fmt.Sprintf("coord: %s leases, 2 per host (its registration's, one pool session per %s keys), and %s keys, N + Replicas × K; naive: N × K = %s leases and keys",
-				benchCount(2*c.hosts), benchCount(coord.DefaultKeysPerSession), benchCount(c.hosts+coord.DefaultShardReplicas*c.shards), benchCount(naiveKeys)),
-		},
+}
+
+func (r benchShardReport) spreadRow() benchRow {
+	c := r.c
+	return benchRow{
+		scenario: r.num + " same, once settled from cold: shards owned by the busiest host / by the idlest",
+		coord:    fmt.Sprintf("%d / %d", c.most, c.fewest),
+		plain:    r.plain(func(p benchShardResult) string { return fmt.Sprintf("%d / %d", p.most, p.fewest) }),
+		ratio:    r.ratio("busiest", func(x benchShardResult) float64 { return float64(x.most) }),
+		limit: fmt.Sprintf("K/N = %.1f; rendezvous hashing spreads them as a fair draw (±%.1f at 1σ); naive: whoever campaigned first owns the shard",
+			float64(c.shards)/float64(c.hosts), math.Sqrt(float64(c.shards)*(1-1/float64(c.hosts))/float64(c.hosts))),
+	}
+}
+
+func (r benchShardReport) joinRow() benchRow {
+	c := r.c
+	return benchRow{
+		scenario: fmt.Sprintf("%s same: host %d joins (registration, then its ShardSet): shards moved, and time from the registration to the last move's acquire", r.num, c.hosts+1),
+		coord:    fmt.Sprintf("%d moved (it tops %d) in %s", c.joinMoved, c.joinRanked, benchShardSecs(c.join)),
+		plain: r.plain(func(p benchShardResult) string {
+			return fmt.Sprintf("%d moved; its %s candidacies in line after %s", p.joinMoved, benchCount(p.shards), benchShardSecs(p.join))
+		}),
+		ratio: "n/a (moves)",
+		limit: fmt.Sprintf("K/(N+1) = %.1f: only the shards the new host tops move, each once; naive: it queues last for every shard, so nothing moves to it%s",
+			r.perHost(), r.troubles(func(x benchShardResult) (int, int) { return x.joinLost, x.joinHeals })),
+	}
+}
+
+func (r benchShardReport) crashRow() benchRow {
+	c := r.c
+	return benchRow{
+		scenario: r.num + " same: the host owning the most shards crashes (its link cut, then its client closed: no resign, no revoke): shards moved, and time until every shard is owned again (coord: by its top-ranked live host)",
+		coord:    fmt.Sprintf("%d moved (it owned %d) in %s", c.crashMoved, c.crashOwned, benchShardSecs(c.crash)),
+		plain: r.plain(func(p benchShardResult) string {
+			return fmt.Sprintf("%d moved (it owned %d) in %s", p.crashMoved, p.crashOwned, benchShardSecs(p.crash))
+		}),
+		ratio: r.ratio("time", func(x benchShardResult) float64 { return x.crash.Seconds() }),
+		limit: fmt.Sprintf("2/3 TTL to TTL + 0.5 s: its leases, renewed every TTL/3, expire at etcd's next expiry check (every 0.5 s), and the standby already in line leads; K/(N+1) = %.1f%s",
+			r.perHost(), r.troubles(func(x benchShardResult) (int, int) { return x.crashLost, x.crashHeals })),
+	}
+}
+
+func (r benchShardReport) leasesRow() benchRow {
+	c := r.c
+	return benchRow{
+		scenario: r.num + " same, once settled from cold: leases held" + benchShardLeasesBy(c) + ", and keys under the run's prefix (count-only Get)",
+		coord:    fmt.Sprintf("%s, %s keys", benchShardLeases(c), benchCount(int(c.keys))),
+		plain: r.plain(func(p benchShardResult) string {
+			return fmt.Sprintf("%s, %s keys", benchShardLeases(p), benchCount(int(p.keys)))
+		}),
+		ratio: r.ratio("leases", func(x benchShardResult) float64 { return float64(x.leases) }),
+		limit: fmt.Sprintf("coord: %s leases, 2 per host (its registration's, one pool session per %s keys), and %s keys, N + Replicas × K; naive: N × K = %s leases and keys",
+			benchCount(2*c.hosts), benchCount(coord.DefaultKeysPerSession), benchCount(c.hosts+coord.DefaultShardReplicas*c.shards), benchCount(c.hosts*c.shards)),
 	}
 }
 
@@ -231,119 +271,164 @@ func benchShardRun(ctx context.Context, env *benchEnv, cfg Config, side string, 
 	f.tr = newBenchShardTracker(f.shards)
 	r.hosts, r.shards, r.stagger = n, k, cfg.ShardStagger
 	defer func() { err = errors.Join(err, f.close(ctx)) }()
-	baseline := -1
-	if env.embedded {
-		l, err := env.cli.Leases(ctx)
-		if err != nil {
-			return r, fmt.Errorf("bench: counting leases: %w", err)
-		}
-		baseline = len(l.Leases)
+	baseline, err := f.leaseBaseline(ctx)
+	if err != nil {
+		return r, err
 	}
 	f.progress("%d hosts × %s shards: starting", n, benchCount(k))
-
-	// Cold start.
-	if err := benchParallel(ctx, n, n, func(i int) error { return f.newHost(ctx, i) }); err != nil {
+	if err := f.coldStart(ctx, &r); err != nil {
 		return r, err
+	}
+	if err := f.count(ctx, baseline, &r); err != nil {
+		return r, err
+	}
+	if err := f.join(ctx, &r); err != nil {
+		return r, err
+	}
+	return r, f.crashBusiest(ctx, &r)
+}
+
+// leaseBaseline returns how many leases the embedded etcd holds before the
+// run, for count to take off; -1 on another etcd, where other clients'
+// leases come and go.
+func (f *benchShardFleet) leaseBaseline(ctx context.Context) (int, error) {
+	if !f.env.embedded {
+		return -1, nil
+	}
+	l, err := f.env.cli.Leases(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("bench: counting leases: %w", err)
+	}
+	return len(l.Leases), nil
+}
+
+// coldStart creates r.hosts hosts (coord's registered), starts them
+// r.stagger apart and waits until every shard is owned as it should be,
+// recording in r how long that took and how the shards are spread.
+func (f *benchShardFleet) coldStart(ctx context.Context, r *benchShardResult) error {
+	n := r.hosts
+	if err := benchParallel(ctx, n, n, func(i int) error { return f.newHost(ctx, i) }); err != nil {
+		return err
 	}
 	f.phase(nil)
 	t0 := time.Now()
 	starts := make([]time.Time, n)
 	if err := benchParallel(ctx, n, n, func(i int) error {
-		if err := benchSleep(ctx, time.Duration(i)*cfg.ShardStagger); err != nil {
+		if err := benchSleep(ctx, time.Duration(i)*r.stagger); err != nil {
 			return err
 		}
 		starts[i] = time.Now()
 		return f.start(ctx, f.hosts[i])
 	}); err != nil {
-		return r, err
+		return err
 	}
 	last := slices.MaxFunc(starts, time.Time.Compare)
 	at, err := f.settle(ctx, "every shard owned from cold", 90*time.Second)
 	if err != nil {
-		return r, err
+		return err
 	}
 	r.cold, r.coldAcq = at.Sub(t0), len(f.tr.since(0))
 	r.coldAfterLast, r.lastStart = max(at.Sub(last), 0), last.Sub(t0)
-	r.fewest = k
-	for _, h := range f.hosts {
-		o := f.tr.owns(h.id)
-		r.most, r.fewest = max(r.most, o), min(r.fewest, o)
-	}
+	r.most, r.fewest = f.spread()
 	r.coldLost, r.coldHeals = f.tr.troubles()
-	if side == "naive" {
-		if r.inLine, err = f.waitKeys(ctx, t0, int64(n*k)); err != nil {
-			return r, err
+	if f.side == "naive" {
+		if r.inLine, err = f.waitKeys(ctx, t0, int64(n*r.shards)); err != nil {
+			return err
 		}
 	}
 	f.progress("%d hosts × %s shards: settled from cold in %v (%d acquisitions, %d leaderships lost, %d heals)",
-		n, benchCount(k), r.cold.Round(time.Millisecond), r.coldAcq, r.coldLost, r.coldHeals)
-	if err := f.count(ctx, baseline, &r); err != nil {
-		return r, err
-	}
+		n, benchCount(r.shards), r.cold.Round(time.Millisecond), r.coldAcq, r.coldLost, r.coldHeals)
+	return nil
+}
 
-	// A host joins: registered, then started, for coord. Until it has
-	// taken the shards it tops, they are not owned as they should be.
+// spread returns how many shards the busiest host owns, and the idlest.
+func (f *benchShardFleet) spread() (most, fewest int) {
+	fewest = len(f.shards)
+	for _, h := range f.hosts {
+		o := f.tr.owns(h.id)
+		most, fewest = max(most, o), min(fewest, o)
+	}
+	return most, fewest
+}
+
+// join adds host r.hosts: registered, then started, for coord. Until it
+// has taken the shards it tops, they are not owned as they should be;
+// the naive host has joined once its candidacies are in line.
+func (f *benchShardFleet) join(ctx context.Context, r *benchShardResult) (err error) {
+	n := r.hosts
 	lost0, heals0 := f.tr.troubles()
-	if side == "coord" {
-		ids := f.ids()
-		before, after := f.tops(ids), f.tops(append(ids, benchMeta("shard-"+side, n).HostUUID))
-		for s, h := range after {
-			if before[s] != h {
-				r.joinRanked++
-			}
-		}
+	if f.side == "coord" {
+		r.joinRanked = f.topsOfJoiner(n)
 	}
 	if err := f.newHost(ctx, n); err != nil {
-		return r, err
+		return err
 	}
-	t0 = time.Now()
+	t0 := time.Now()
 	mark := f.phase(nil)
-	if side == "coord" {
+	if f.side == "coord" {
 		if err := f.register(ctx, f.hosts[n]); err != nil {
-			return r, err
+			return err
 		}
 	}
 	if err := f.start(ctx, f.hosts[n]); err != nil {
-		return r, err
+		return err
 	}
-	if side == "coord" {
+	if f.side == "coord" {
 		// Until the acquire that completes the moves.
-		if at, err = f.settle(ctx, "every shard owned after the join", time.Minute); err != nil {
-			return r, err
+		at, err := f.settle(ctx, "every shard owned after the join", time.Minute)
+		if err != nil {
+			return err
 		}
 		r.join = at.Sub(t0)
-	} else if r.join, err = f.waitKeys(ctx, t0, int64((n+1)*k)); err != nil {
-		return r, err
+	} else if r.join, err = f.waitKeys(ctx, t0, int64((n+1)*r.shards)); err != nil {
+		return err
 	}
 	r.joinMoved = len(f.tr.since(mark))
-	lost, heals := f.tr.troubles()
-	r.joinLost, r.joinHeals = lost-lost0, heals-heals0
+	r.joinLost, r.joinHeals = f.tr.troublesSince(lost0, heals0)
 	f.progress("host %d joined: %d moved in %v (%d leaderships lost, %d heals)",
 		n+1, r.joinMoved, r.join.Round(time.Millisecond), r.joinLost, r.joinHeals)
+	return nil
+}
 
-	// The host that owns the most shards crashes: on the naive side, who
-	// owns what is a race, and some hosts may own nothing.
+// topsOfJoiner returns how many shards host n, about to join, tops: those
+// that should move to it.
+func (f *benchShardFleet) topsOfJoiner(n int) int {
+	ids := f.ids()
+	before, after := f.tops(ids), f.tops(append(ids, benchMeta("shard-"+f.side, n).HostUUID))
+	moved := 0
+	for s, h := range after {
+		if before[s] != h {
+			moved++
+		}
+	}
+	return moved
+}
+
+// crashBusiest crashes the host that owns the most shards (on the naive
+// side, who owns what is a race, and some hosts may own nothing) and waits
+// until every shard is owned again.
+func (f *benchShardFleet) crashBusiest(ctx context.Context, r *benchShardResult) error {
 	victim := f.hosts[0]
 	for _, h := range f.hosts {
 		if o := f.tr.owns(h.id); o > r.crashOwned {
 			victim, r.crashOwned = h, o
 		}
 	}
-	lost0, heals0 = f.tr.troubles()
-	t0 = time.Now()
-	mark = f.phase(victim)
+	lost0, heals0 := f.tr.troubles()
+	t0 := time.Now()
+	mark := f.phase(victim)
 	f.crash(victim)
-	if at, err = f.settle(ctx, "every shard owned after the crash", time.Minute+3*f.ttl); err != nil {
-		return r, err
+	at, err := f.settle(ctx, "every shard owned after the crash", time.Minute+3*f.ttl)
+	if err != nil {
+		return err
 	}
 	r.crash = at.Sub(t0)
 	r.crashMoved = len(f.tr.since(mark))
 	r.overlaps = f.tr.overlapCount()
-	lost, heals = f.tr.troubles()
-	r.crashLost, r.crashHeals = lost-lost0, heals-heals0
+	r.crashLost, r.crashHeals = f.tr.troublesSince(lost0, heals0)
 	f.progress("host crashed: %d moved in %v (%d leaderships lost, %d heals)",
 		r.crashMoved, r.crash.Round(time.Millisecond), r.crashLost, r.crashHeals)
-	return r, nil
+	return nil
 }
 
 // benchShardNames returns k shard names.
@@ -424,41 +509,21 @@ func (f *benchShardFleet) register(ctx context.Context, h *benchShardHost) error
 				f.tr.note(sig.Host, &f.tr.heals)
 			}
 		}})
-	if err != nil {
-		return err
-	}
 	f.mu.Lock()
-	h.live = live
+	h.live = live // nil after an error
 	f.mu.Unlock()
-	return nil
+	return err
 }
 
 // start starts h's part: its ShardSet, or its naive candidacies (one
 // goroutine each, all at once, as a ShardSet starts its workers).
 func (f *benchShardFleet) start(ctx context.Context, h *benchShardHost) error {
 	if f.side == "coord" {
-		set, err := coord.NewShardSet(ctx, h.cli, coord.ShardOptions{
-			Shards: f.shards, Self: h.id, Prefix: f.prefix + "shards/", HostPrefix: f.prefix + "hosts/", TTL: f.ttl,
-			Run: func(ctx context.Context, _ coord.Shard) { <-ctx.Done() },
-			OnSignal: func(sig coord.Signal) {
-				switch sig.Kind {
-				case coord.SignalShardAcquired:
-					f.tr.set(sig.Key, sig.Host, true)
-				case coord.SignalShardReleased:
-					if errors.Is(sig.Err, coord.ErrLeadershipLost) {
-						f.tr.note(sig.Host, &f.tr.lost)
-					}
-					f.tr.set(sig.Key, sig.Host, false)
-				}
-			},
-		})
-		if err != nil {
-			return err
-		}
+		set, err := coord.NewShardSet(ctx, h.cli, f.shardOptions(h))
 		f.mu.Lock()
-		h.set = set
+		h.set = set // nil after an error
 		f.mu.Unlock()
-		return nil
+		return err
 	}
 	for _, shard := range f.shards {
 		f.wg.Add(1)
@@ -475,6 +540,25 @@ func (f *benchShardFleet) start(ctx context.Context, h *benchShardHost) error {
 		}()
 	}
 	return nil
+}
+
+// shardOptions are host h's ShardSet's: its signals feed the tracker.
+func (f *benchShardFleet) shardOptions(h *benchShardHost) coord.ShardOptions {
+	return coord.ShardOptions{
+		Shards: f.shards, Self: h.id, Prefix: f.prefix + "shards/", HostPrefix: f.prefix + "hosts/", TTL: f.ttl,
+		Run: func(ctx context.Context, _ coord.Shard) { <-ctx.Done() },
+		OnSignal: func(sig coord.Signal) {
+			switch sig.Kind {
+			case coord.SignalShardAcquired:
+				f.tr.set(sig.Key, sig.Host, true)
+			case coord.SignalShardReleased:
+				if errors.Is(sig.Err, coord.ErrLeadershipLost) {
+					f.tr.note(sig.Host, &f.tr.lost)
+				}
+				f.tr.set(sig.Key, sig.Host, false)
+			}
+		},
+	}
 }
 
 // candidacy is the naive plan for one shard of one host: a session of its
@@ -775,6 +859,13 @@ func (t *benchShardTracker) troubles() (lost, heals int) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.lost, t.heals
+}
+
+// troublesSince returns the counts of lost leaderships and of heals since
+// troubles returned lost0 and heals0.
+func (t *benchShardTracker) troublesSince(lost0, heals0 int) (lost, heals int) {
+	lost, heals = t.troubles()
+	return lost - lost0, heals - heals0
 }
 
 type benchShardAcquire struct {

@@ -123,6 +123,18 @@ func etQueue(t *testing.T, ctx context.Context, cli *clientv3.Client, b *Electio
 	return res
 }
 
+// etHandOver has the leader a resign and checks that the Campaign of b
+// waiting in res then returns nil, with b leading.
+func etHandOver(t *testing.T, a, b *Election, res <-chan etResult) {
+	t.Helper()
+	if err := a.Resign(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if r := etWait(t, res); r.err != nil || !b.IsLeader() {
+		t.Fatalf("Campaign waiting behind the leader: %v, IsLeader %v", r.err, b.IsLeader())
+	}
+}
+
 // etWantCands fails the test unless etKey has n candidates.
 func etWantCands(t *testing.T, cli *clientv3.Client, n int) {
 	t.Helper()
@@ -538,12 +550,7 @@ func TestElectionCampaign(t *testing.T) {
 			c := candidates(t, cli, etPrefix)
 			return len(c) == 2 && clientv3.LeaseID(c[1].Lease) != old
 		})
-		if err := a.Resign(testCtx(t)); err != nil {
-			t.Fatal(err)
-		}
-		if r := etWait(t, res); r.err != nil || !b.IsLeader() {
-			t.Fatalf("Campaign: %v, IsLeader %v", r.err, b.IsLeader())
-		}
+		etHandOver(t, a, b, res)
 		if got := clientv3.LeaseID(candidates(t, cli, etPrefix)[0].Lease); got == old {
 			t.Fatal("leads on the revoked lease")
 		}
@@ -563,12 +570,7 @@ func TestElectionCampaign(t *testing.T) {
 		if got := clientv3.LeaseID(candidates(t, cli, etPrefix)[1].Lease); got != clientv3.LeaseID(first.Lease) {
 			t.Fatalf("b queued on lease %x, want %x", int64(got), first.Lease)
 		}
-		if err := a.Resign(testCtx(t)); err != nil {
-			t.Fatal(err)
-		}
-		if r := etWait(t, res); r.err != nil || !b.IsLeader() {
-			t.Fatalf("Campaign: %v, IsLeader %v", r.err, b.IsLeader())
-		}
+		etHandOver(t, a, b, res)
 	})
 	t.Run("A waiting Campaign cut off from etcd waits through the outage and queues again", func(t *testing.T) {
 		srv, cli := newEtcd(t)
@@ -593,12 +595,7 @@ func TestElectionCampaign(t *testing.T) {
 		// The old key goes with its lease; b queues again on a new one.
 		etWaitCount(t, cli, bKey, 0)
 		eventually(t, "queued again", func() bool { return len(candidates(t, cli, etPrefix)) == 2 })
-		if err := a.Resign(testCtx(t)); err != nil {
-			t.Fatal(err)
-		}
-		if r := etWait(t, res); r.err != nil || !b.IsLeader() {
-			t.Fatalf("Campaign: %v, IsLeader %v", r.err, b.IsLeader())
-		}
+		etHandOver(t, a, b, res)
 	})
 	t.Run("Campaign after its lease expired unnoticed starts a new session", func(t *testing.T) {
 		srv, cli := newEtcd(t)
@@ -763,11 +760,8 @@ func TestElectionTryCampaign(t *testing.T) {
 
 func TestElectionResign(t *testing.T) {
 	t.Run("Resign ends leadership and a waiting candidate takes over", func(t *testing.T) {
-		srv, cli := newEtcd(t)
+		_, cli, a, b := etRivals(t)
 		ctx := testCtx(t)
-		a := etElection(t, cli, ElectionOptions{})
-		b := etElection(t, srv.NewClient(t), ElectionOptions{})
-		etCampaign(t, a, "a")
 		token := a.Token()
 		res := etQueue(t, ctx, cli, b)
 		done := a.Done()
@@ -1394,30 +1388,13 @@ func TestElectionBrokenWatch(t *testing.T) {
 
 func TestElectionPermissionDenied(t *testing.T) {
 	t.Run("A candidate that may not read the election fails, leaves no key, and Observe retries", func(t *testing.T) {
-		srv, cli := newEtcd(t)
+		srv, _ := newEtcd(t)
 		ctx := testCtx(t)
 		// The candidate's role covers candidate keys (lease ids in hex
 		// never start with 0) but not the whole prefix.
+		login := enableAuth(t, srv, map[string][]keyRange{"cand": {{etPrefix + "1", clientv3.GetPrefixRangeEnd(etPrefix)}}})
+		root, cand := login("root"), login("cand")
 		must := mustOK(t)
-		must(cli.UserAdd(ctx, "root", "root"))
-		must(cli.UserGrantRole(ctx, "root", "root"))
-		must(cli.RoleAdd(ctx, "cand"))
-		must(cli.RoleGrantPermission(ctx, "cand", etPrefix+"1", clientv3.GetPrefixRangeEnd(etPrefix),
-			clientv3.PermissionType(clientv3.PermReadWrite)))
-		must(cli.UserAdd(ctx, "cand", "cand"))
-		must(cli.UserGrantRole(ctx, "cand", "cand"))
-		must(cli.AuthEnable(ctx))
-		user := func(name string) *clientv3.Client {
-			cfg := srv.ClientConfig()
-			cfg.Username, cfg.Password = name, name
-			c, err := clientv3.New(cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { c.Close() })
-			return c
-		}
-		root, cand := user("root"), user("cand")
 		tap, tapLog := newLogTap()
 		e := etElection(t, cand, ElectionOptions{Logger: tapLog})
 
@@ -1739,12 +1716,7 @@ func TestElectionContract(t *testing.T) {
 		if took := time.Since(start); took > 200*time.Millisecond+100*time.Millisecond*scale {
 			t.Fatalf("second Campaign returned after %v, its ctx was 200ms", took)
 		}
-		if err := a.Resign(testCtx(t)); err != nil {
-			t.Fatal(err)
-		}
-		if r := etWait(t, res); r.err != nil || !b.IsLeader() {
-			t.Fatalf("first Campaign: %v, IsLeader %v", r.err, b.IsLeader())
-		}
+		etHandOver(t, a, b, res)
 	})
 	t.Run("a Campaign whose ctx ends as it meets another error returns both", func(t *testing.T) {
 		srv, cli := newEtcd(t)

@@ -658,6 +658,22 @@ func TestFaultDuplicateHost(t *testing.T) {
 	})
 }
 
+// fcEntry returns the prep of a hostile call to an entry point: the call
+// returns start's error, and what start returned besides it, if anything,
+// is ended by end when the test ends.
+func fcEntry[T comparable](start func() (T, error), end func(T)) func(t *testing.T) func() error {
+	return func(t *testing.T) func() error {
+		return func() error {
+			v, err := start()
+			var none T
+			if v != none {
+				t.Cleanup(func() { end(v) })
+			}
+			return err
+		}
+	}
+}
+
 func TestFaultHostileInput(t *testing.T) {
 	srv, cli := newEtcd(t)
 	cancelled, cancel := context.WithCancel(context.Background())
@@ -667,37 +683,16 @@ func TestFaultHostileInput(t *testing.T) {
 	bigMeta.Labels["big"] = big
 	good := ElectionOptions{Key: "/hostile/leader", TTL: time.Second}
 	reg := func(ctx context.Context, c *clientv3.Client, m HostMetadata, opts LivenessOptions) func(t *testing.T) func() error {
-		return func(t *testing.T) func() error {
-			return func() error {
-				h, err := RegisterHostLiveness(ctx, c, m, opts)
-				if h != nil {
-					t.Cleanup(func() { h.Stop(context.Background()) })
-				}
-				return err
-			}
-		}
+		return fcEntry(func() (*HostLiveness, error) { return RegisterHostLiveness(ctx, c, m, opts) },
+			func(h *HostLiveness) { h.Stop(context.Background()) })
 	}
 	watch := func(ctx context.Context, c *clientv3.Client, opts WatcherOptions) func(t *testing.T) func() error {
-		return func(t *testing.T) func() error {
-			return func() error {
-				w, err := NewHostWatcher(ctx, c, opts)
-				if w != nil {
-					t.Cleanup(func() { w.Close() })
-				}
-				return err
-			}
-		}
+		return fcEntry(func() (*HostWatcher, error) { return NewHostWatcher(ctx, c, opts) },
+			func(w *HostWatcher) { w.Close() })
 	}
 	elect := func(ctx context.Context, c *clientv3.Client, opts ElectionOptions) func(t *testing.T) func() error {
-		return func(t *testing.T) func() error {
-			return func() error {
-				e, err := NewElection(ctx, c, opts)
-				if e != nil {
-					t.Cleanup(func() { e.Close() })
-				}
-				return err
-			}
-		}
+		return fcEntry(func() (*Election, error) { return NewElection(ctx, c, opts) },
+			func(e *Election) { e.Close() })
 	}
 	// An election (leading if lead) and a registration for the method cases.
 	election := func(t *testing.T, lead bool) *Election {

@@ -97,7 +97,7 @@ func TestFaultHostCutOff(t *testing.T) {
 
 func TestFaultAccessControl(t *testing.T) {
 	srv, _ := newEtcd(t)
-	login := enableAuth(t, srv, map[string][]string{"agent": {"/coord/"}, "nobody": nil})
+	login := enableAuth(t, srv, map[string][]keyRange{"agent": {prefixRange("/coord/")}, "nobody": nil})
 	t.Run("a user whose role reaches /coord/ can do everything", func(t *testing.T) {
 		cli := login("agent")
 		ctx := testCtx(t)
@@ -174,7 +174,7 @@ func TestFaultAccessControl(t *testing.T) {
 func TestFaultHealRefused(t *testing.T) {
 	t.Run("a heal refused for good ends the registration with the refusal", func(t *testing.T) {
 		srv, _ := newEtcd(t)
-		login := enableAuth(t, srv, map[string][]string{"agent": {"/coord/"}})
+		login := enableAuth(t, srv, map[string][]keyRange{"agent": {prefixRange("/coord/")}})
 		root := login("root")
 		ctx := testCtx(t)
 		h := register(t, login("agent"), "c", LivenessOptions{})

@@ -409,20 +409,26 @@ func mustOK(t *testing.T) func(any, error) {
 	}
 }
 
+// keyRange is the keys from key up to, not including, end.
+type keyRange struct{ key, end string }
+
+// prefixRange is every key under p.
+func prefixRange(p string) keyRange { return keyRange{p, clientv3.GetPrefixRangeEnd(p)} }
+
 // enableAuth turns auth on in srv: a root user, and one user per entry of
 // grants (password = name) whose role may read and write the given
-// prefixes. It returns a function that opens a client logged in as a user.
-func enableAuth(t *testing.T, srv *coordtest.Server, grants map[string][]string) func(user string) *clientv3.Client {
+// ranges. It returns a function that opens a client logged in as a user.
+func enableAuth(t *testing.T, srv *coordtest.Server, grants map[string][]keyRange) func(user string) *clientv3.Client {
 	t.Helper()
 	ctx := testCtx(t)
 	cli := srv.Client()
 	must := mustOK(t)
 	must(cli.UserAdd(ctx, "root", "root"))
 	must(cli.UserGrantRole(ctx, "root", "root"))
-	for user, prefixes := range grants {
+	for user, ranges := range grants {
 		must(cli.RoleAdd(ctx, user))
-		for _, p := range prefixes {
-			must(cli.RoleGrantPermission(ctx, user, p, clientv3.GetPrefixRangeEnd(p), clientv3.PermissionType(clientv3.PermReadWrite)))
+		for _, r := range ranges {
+			must(cli.RoleGrantPermission(ctx, user, r.key, r.end, clientv3.PermissionType(clientv3.PermReadWrite)))
 		}
 		must(cli.UserAdd(ctx, user, user))
 		must(cli.UserGrantRole(ctx, user, user))

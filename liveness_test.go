@@ -556,6 +556,24 @@ func healOnce(t *testing.T, cli *clientv3.Client, h *HostLiveness) *mvccpb.KeyVa
 	return kv
 }
 
+// heldHeal registers host a on a client of its own, deletes its key
+// through cli and returns once the heal that follows is held, before it
+// writes; release lets it go on (the test's end does at the latest), and
+// tap keeps every record the registration logs.
+func heldHeal(t *testing.T) (cli *clientv3.Client, h *HostLiveness, tap *logTap, release func()) {
+	t.Helper()
+	srv, cli := newEtcd(t)
+	tap, tlog := newLogTap()
+	log, reached, release := holdAt(tlog, "coord: host registration lost, healing")
+	h = register(t, srv.NewClient(t), "a", LivenessOptions{Logger: log})
+	t.Cleanup(release) // before the registration's Stop, which waits for the heal
+	if _, err := cli.Delete(testCtx(t), h.Key()); err != nil {
+		t.Fatal(err)
+	}
+	waitClosed(t, reached, "heal")
+	return cli, h, tap, release
+}
+
 // editing changes labels, as a caller reusing its map does, until the
 // returned function is called.
 func editing(labels map[string]string) (stop func()) {
@@ -754,16 +772,8 @@ func TestHostLivenessUpdateWrites(t *testing.T) {
 		}
 	})
 	t.Run("when the key was deleted, returns nil only once the heal wrote it", func(t *testing.T) {
-		srv, cli := newEtcd(t)
+		cli, h, tap, release := heldHeal(t)
 		ctx := testCtx(t)
-		tap, tlog := newLogTap()
-		log, reached, release := holdAt(tlog, "coord: host registration lost, healing")
-		defer release()
-		h := register(t, srv.NewClient(t), "a", LivenessOptions{Logger: log})
-		if _, err := cli.Delete(ctx, h.Key()); err != nil {
-			t.Fatal(err)
-		}
-		waitClosed(t, reached, "heal")
 		// With the heal held up, etcd cannot hold the update.
 		m := meta("a")
 		m.Version = "2.0"
@@ -790,16 +800,8 @@ func TestHostLivenessUpdateWrites(t *testing.T) {
 		}
 	})
 	t.Run("waiting for a heal, fails with ErrClosed once stopped", func(t *testing.T) {
-		srv, cli := newEtcd(t)
+		_, h, tap, release := heldHeal(t)
 		ctx := testCtx(t)
-		tap, log := newLogTap()
-		log, reached, release := holdAt(log, "coord: host registration lost, healing")
-		defer release()
-		h := register(t, srv.NewClient(t), "a", LivenessOptions{Logger: log})
-		if _, err := cli.Delete(ctx, h.Key()); err != nil {
-			t.Fatal(err)
-		}
-		waitClosed(t, reached, "heal")
 		updated := make(chan error, 1)
 		go func() { updated <- h.Update(ctx, meta("a")) }()
 		tap.wait(t, "coord: host key not ours, waiting for the heal to write the update", 1)

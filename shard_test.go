@@ -1061,7 +1061,7 @@ func testShardUnreachable(t *testing.T) {
 	if took := time.Since(start); took > 300*time.Millisecond+200*time.Millisecond*scale {
 		t.Fatalf("took %v, the ctx was 300ms", took)
 	}
-	login := enableAuth(t, srv, map[string][]string{"shards-only": {ShardsPrefix}})
+	login := enableAuth(t, srv, map[string][]keyRange{"shards-only": {prefixRange(ShardsPrefix)}})
 	if s, err := NewShardSet(testCtx(t), login("shards-only"), opts); s != nil || !errors.Is(err, rpctypes.ErrPermissionDenied) {
 		t.Fatalf("NewShardSet without access to the hosts: %v, %v; want permission denied", s, err)
 	}

@@ -414,9 +414,7 @@ func TestHostWatcherSnapshot(t *testing.T) {
 // TestHostWatcherEvents covers what each change of etcd is reported as.
 func TestHostWatcherEvents(t *testing.T) {
 	t.Run("delivers live changes with Synthetic false and the etcd revision", func(t *testing.T) {
-		_, cli := newEtcd(t)
-		ctx, prefix := testCtx(t), prefixFor(t)
-		w := wtSynced(t, ctx, cli, WatcherOptions{Prefix: prefix})
+		_, cli, ctx, prefix, w := wtSyncedEtcd(t)
 		lease := wtGrant(t, cli)
 
 		m := meta("a")
@@ -435,9 +433,7 @@ func TestHostWatcherEvents(t *testing.T) {
 	})
 
 	t.Run("reports a registration's Up, Updated, and Down on Stop", func(t *testing.T) {
-		_, cli := newEtcd(t)
-		ctx, prefix := testCtx(t), prefixFor(t)
-		w := wtSynced(t, ctx, cli, WatcherOptions{Prefix: prefix})
+		_, cli, ctx, prefix, w := wtSyncedEtcd(t)
 		h, err := RegisterHostLiveness(ctx, cli, meta("a"), LivenessOptions{Prefix: prefix, TTL: time.Second})
 		if err != nil {
 			t.Fatal(err)
@@ -472,9 +468,7 @@ func TestHostWatcherEvents(t *testing.T) {
 	})
 
 	t.Run("reports a crashed registration Down with its metadata after the TTL", func(t *testing.T) {
-		srv, cli := newEtcd(t)
-		ctx, prefix := testCtx(t), prefixFor(t)
-		w := wtSynced(t, ctx, cli, WatcherOptions{Prefix: prefix})
+		srv, _, ctx, prefix, w := wtSyncedEtcd(t)
 		agent := srv.NewClient(t)
 		h, err := RegisterHostLiveness(ctx, agent, meta("a"), LivenessOptions{Prefix: prefix, TTL: time.Second})
 		if err != nil {
@@ -501,9 +495,7 @@ func TestHostWatcherEvents(t *testing.T) {
 	})
 
 	t.Run("reports Down with the last metadata seen, also after an Updated", func(t *testing.T) {
-		_, cli := newEtcd(t)
-		ctx, prefix := testCtx(t), prefixFor(t)
-		w := wtSynced(t, ctx, cli, WatcherOptions{Prefix: prefix})
+		_, cli, ctx, prefix, w := wtSyncedEtcd(t)
 		lease := wtGrant(t, cli)
 		m := meta("a")
 		wtPut(t, cli, prefix, m, lease)
@@ -524,9 +516,7 @@ func TestHostWatcherEvents(t *testing.T) {
 	})
 
 	t.Run("reports a re-registration under a new lease as Down then Up", func(t *testing.T) {
-		_, cli := newEtcd(t)
-		ctx, prefix := testCtx(t), prefixFor(t)
-		w := wtSynced(t, ctx, cli, WatcherOptions{Prefix: prefix})
+		_, cli, ctx, prefix, w := wtSyncedEtcd(t)
 		old, m := meta("a"), meta("a")
 		m.StartedAt = 42
 		wtPut(t, cli, prefix, old, wtGrant(t, cli))
@@ -550,9 +540,7 @@ func TestHostWatcherEvents(t *testing.T) {
 	})
 
 	t.Run("reports a takeover by another agent as Down then Up", func(t *testing.T) {
-		srv, cli := newEtcd(t)
-		ctx, prefix := testCtx(t), prefixFor(t)
-		w := wtSynced(t, ctx, cli, WatcherOptions{Prefix: prefix})
+		srv, cli, ctx, prefix, w := wtSyncedEtcd(t)
 		first, second := meta("a"), meta("a")
 		second.Hostname = "replacement"
 		opts := LivenessOptions{Prefix: prefix, TTL: time.Second}
@@ -820,9 +808,7 @@ func TestHostWatcherFaults(t *testing.T) {
 	})
 
 	t.Run("keeps running across an etcd restart", func(t *testing.T) {
-		srv, cli := newEtcd(t)
-		ctx, prefix := testCtx(t), prefixFor(t)
-		w := wtSynced(t, ctx, cli, WatcherOptions{Prefix: prefix})
+		srv, cli, ctx, prefix, w := wtSyncedEtcd(t)
 		wtPut(t, cli, prefix, meta("a"), 0)
 		expect(t, w, HostUp, "a")
 		srv.Stop()
@@ -884,9 +870,7 @@ func TestHostWatcherFaults(t *testing.T) {
 // TestHostWatcherLifecycle covers options, defaults and the ways a watcher ends.
 func TestHostWatcherLifecycle(t *testing.T) {
 	t.Run("Close is idempotent, closes Events and leaves Err nil", func(t *testing.T) {
-		_, cli := newEtcd(t)
-		ctx, prefix := testCtx(t), prefixFor(t)
-		w := wtSynced(t, ctx, cli, WatcherOptions{Prefix: prefix})
+		_, _, _, _, w := wtSyncedEtcd(t)
 		var wg sync.WaitGroup
 		errs := make(chan error, 3)
 		for range 3 {
@@ -1041,6 +1025,15 @@ func wtSynced(t *testing.T, ctx context.Context, cli *clientv3.Client, opts Watc
 		t.Fatal("Synced not closed")
 	}
 	return w
+}
+
+// wtSyncedEtcd starts an etcd of the test's own and a watcher, synced, on
+// the test's empty prefix; the test's ctx runs the watcher.
+func wtSyncedEtcd(t *testing.T) (srv *coordtest.Server, cli *clientv3.Client, ctx context.Context, prefix string, w *HostWatcher) {
+	t.Helper()
+	srv, cli = newEtcd(t)
+	ctx, prefix = testCtx(t), prefixFor(t)
+	return srv, cli, ctx, prefix, wtSynced(t, ctx, cli, WatcherOptions{Prefix: prefix})
 }
 
 // wtEnded checks that Events closes, with no event left, and Wait returns.

@@ -274,16 +274,22 @@ func (h *etHooks) wait(ctx context.Context, req any) {
 	if !ok || ctx.Err() != nil || !slices.ContainsFunc(txn.Success, func(op *pb.RequestOp) bool { return op.GetRequestDeleteRange() != nil }) {
 		return
 	}
-	h.mu.Lock()
-	held := h.held
-	h.held = nil
-	h.mu.Unlock()
-	if held != nil {
+	if held := h.take(); held != nil {
 		select {
 		case <-held.release:
 		case <-ctx.Done():
 		}
 	}
+}
+
+// take returns the hold holdDelete set, if any, and clears it: a hold
+// applies to one request.
+func (h *etHooks) take() *etHold {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	held := h.held
+	h.held = nil
+	return held
 }
 
 // on runs f the next time the client sends method (e.g. "/etcdserverpb.KV/Txn").

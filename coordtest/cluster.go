@@ -209,14 +209,7 @@ func (c *Cluster) ClientConfig() clientv3.Config {
 // rpctypes.ErrNoLeader instead, once the member has noticed it has none.
 func (c *Cluster) Client() *clientv3.Client {
 	c.t.Helper()
-	cli, err := c.sharedClient(c.ClientConfig())
-	if errors.Is(err, errClosed) {
-		c.t.Fatalf("coordtest: Cluster.Client called after the cluster's cleanup")
-	}
-	if err != nil {
-		c.t.Fatalf("coordtest: creating client of the cluster: %v", err)
-	}
-	return cli
+	return c.clientFor(c.t, c.ClientConfig(), "Cluster", "the cluster")
 }
 
 // NewClient returns a new client of all the members with its own

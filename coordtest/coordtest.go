@@ -231,14 +231,7 @@ func (s *Server) ClientConfig() clientv3.Config {
 // started.
 func (s *Server) Client() *clientv3.Client {
 	s.t.Helper()
-	c, err := s.sharedClient(s.ClientConfig())
-	if errors.Is(err, errClosed) {
-		s.t.Fatalf("coordtest: Server.Client called after the server was closed")
-	}
-	if err != nil {
-		s.t.Fatalf("coordtest: creating client of %s: %v", s.Endpoint(), err)
-	}
-	return c
+	return s.clientFor(s.t, s.ClientConfig(), "Server", s.Endpoint())
 }
 
 // NewClient returns a new client of this server with its own connection. It

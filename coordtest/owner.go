@@ -77,6 +77,21 @@ func (o *owner) sharedClient(cfg clientv3.Config) (*clientv3.Client, error) {
 	return o.shared, nil
 }
 
+// clientFor is sharedClient for the Client method of a test's Server or
+// Cluster (typ), connected to what of names: it fails t where sharedClient
+// returns an error.
+func (o *owner) clientFor(t testing.TB, cfg clientv3.Config, typ, of string) *clientv3.Client {
+	t.Helper()
+	c, err := o.sharedClient(cfg)
+	if errors.Is(err, errClosed) {
+		t.Fatalf("coordtest: %s.Client called after %s", typ, o.gone)
+	}
+	if err != nil {
+		t.Fatalf("coordtest: creating client of %s: %v", of, err)
+	}
+	return c
+}
+
 // closeClients closes the owner to new requests, closes its clients and
 // returns its proxies, which the caller closes once what they front is
 // stopped (so that no connection through them keeps their close waiting).

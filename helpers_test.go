@@ -4,9 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -16,18 +14,13 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/go-coord/coord/coordtest"
+	"github.com/go-coord/coord/internal/testenv"
 )
 
 // scale stretches every deadline of the suite for slow machines (emulated
 // CPUs): COORD_TEST_SCALE=10 waits ten times longer. Deadlines only bound
 // waits on events; nothing sleeps for a fixed time.
-var scale = func() time.Duration {
-	n, err := strconv.Atoi(os.Getenv("COORD_TEST_SCALE"))
-	if err != nil || n < 1 {
-		return 1
-	}
-	return time.Duration(n)
-}()
+var scale = testenv.Scale()
 
 // Parallel tests: the longest tests of the package (each over 20 s under
 // emulation: the step-down shapes, the models, the shard handovers) call

@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
-	"runtime"
 	"syscall"
 	"testing"
 	"time"
@@ -18,6 +17,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/go-coord/coord/coordtest"
+	"github.com/go-coord/coord/internal/testenv"
 )
 
 // Tests of the step-down rule: a leader cut off from etcd steps down two
@@ -360,7 +360,7 @@ func sdStartChild(t *testing.T, endpoint string, ttl time.Duration) *sdProc {
 		// Under user-mode emulation (how CI runs the other targets) the
 		// kernel may not know how to run this binary by itself: run it
 		// under the same emulator.
-		emu, lerr := exec.LookPath(sdEmulator())
+		emu, lerr := exec.LookPath(testenv.Emulator())
 		if lerr != nil {
 			t.Fatalf("starting the helper process: %v; no emulator: %v", err, lerr)
 		}
@@ -418,18 +418,6 @@ func sdStart(env []string, name string, args ...string) (*sdProc, error) {
 		}
 	}()
 	return c, nil
-}
-
-// sdEmulator names the user-mode emulator of this GOARCH.
-func sdEmulator() string {
-	cpu := runtime.GOARCH
-	switch cpu {
-	case "arm64":
-		cpu = "aarch64"
-	case "loong64":
-		cpu = "loongarch64"
-	}
-	return "qemu-" + cpu + "-static"
 }
 
 // send writes a command line to the helper process.

@@ -6,9 +6,7 @@ import (
 	"io"
 	"net"
 	"net/url"
-	"os"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-coord/coord/internal/testenv"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
 )
@@ -29,13 +28,7 @@ const silence = 300 * time.Millisecond
 // bound stretches a deadline of the tests below for slow machines
 // (emulated CPUs), like the tests of package coord: COORD_TEST_SCALE=10
 // waits ten times longer.
-func bound(d time.Duration) time.Duration {
-	n, err := strconv.Atoi(os.Getenv("COORD_TEST_SCALE"))
-	if err != nil || n < 1 {
-		return d
-	}
-	return d * time.Duration(n)
-}
+func bound(d time.Duration) time.Duration { return d * testenv.Scale() }
 
 // nopOwner owns a proxy in front of something that is not a Server.
 type nopOwner struct{}

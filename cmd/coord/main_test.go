@@ -5,8 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +12,7 @@ import (
 
 	"github.com/go-coord/coord"
 	"github.com/go-coord/coord/coordtest"
+	"github.com/go-coord/coord/internal/testenv"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
 )
@@ -25,13 +24,7 @@ func TestMain(m *testing.M) {
 // scale stretches every deadline and time bound of the tests for slow
 // machines (emulated CPUs), as in package coord's tests:
 // COORD_TEST_SCALE=10 allows ten times longer.
-var scale = func() time.Duration {
-	n, err := strconv.Atoi(os.Getenv("COORD_TEST_SCALE"))
-	if err != nil || n < 1 {
-		return 1
-	}
-	return time.Duration(n)
-}()
+var scale = testenv.Scale()
 
 // waitLimit bounds every wait of the tests: generous, for slow machines.
 var waitLimit = 20 * time.Second * scale

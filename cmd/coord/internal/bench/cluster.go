@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/go-coord/coord/coordtest"
+	"github.com/go-coord/coord/internal/testenv"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 )
@@ -200,18 +201,6 @@ func (c *benchCluster) start(env []string, name string, args ...string) (err err
 	return c.cmd.Start()
 }
 
-// benchEmulator names the user-mode emulator of this GOARCH.
-func benchEmulator() string {
-	cpu := runtime.GOARCH
-	switch cpu {
-	case "arm64":
-		cpu = "aarch64"
-	case "loong64":
-		cpu = "loongarch64"
-	}
-	return "qemu-" + cpu + "-static"
-}
-
 // startBenchCluster starts a cluster of n members in a child process (this
 // binary again, with benchClusterEnv set) and waits until it serves.
 func startBenchCluster(ctx context.Context, n int) (_ *benchCluster, err error) {
@@ -231,7 +220,7 @@ func startBenchCluster(ctx context.Context, n int) (_ *benchCluster, err error) 
 		// architectures) the kernel may not run this binary by itself:
 		// run it under the same emulator.
 		var emu string
-		if emu, err = exec.LookPath(benchEmulator()); err == nil {
+		if emu, err = exec.LookPath(testenv.Emulator()); err == nil {
 			err = c.start(env, emu, exe)
 		}
 	}

@@ -1,11 +1,9 @@
 package bench
 
 import (
-	"os"
-	"strconv"
 	"testing"
-	"time"
 
+	"github.com/go-coord/coord/internal/testenv"
 	"go.uber.org/goleak"
 )
 
@@ -16,10 +14,4 @@ func TestMain(m *testing.M) {
 // scale stretches every deadline and time bound of the tests for slow
 // machines (emulated CPUs), as in package coord's tests:
 // COORD_TEST_SCALE=10 allows ten times longer.
-var scale = func() time.Duration {
-	n, err := strconv.Atoi(os.Getenv("COORD_TEST_SCALE"))
-	if err != nil || n < 1 {
-		return 1
-	}
-	return time.Duration(n)
-}()
+var scale = testenv.Scale()

@@ -361,17 +361,6 @@ func (s *signals) hook(sig Signal) {
 	s.got = append(s.got, sig)
 }
 
-// kinds returns the kinds received so far, in order.
-func (s *signals) kinds() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var out []string
-	for _, sig := range s.got {
-		out = append(out, sig.Kind.String())
-	}
-	return out
-}
-
 // of returns the signals of kind received so far, in order.
 func (s *signals) of(kind SignalKind) []Signal {
 	s.mu.Lock()

@@ -97,9 +97,7 @@ func waitKey(t *testing.T, cli *clientv3.Client, key string, ok func(kv *mvccpb.
 	return nil
 }
 
-func gone(kv *mvccpb.KeyValue) bool { return kv == nil }
-
-// heldBy returns a predicate: the key exists under a lease other than old.
+// heldByOtherThan returns a predicate: the key exists under a lease other than old.
 func heldByOtherThan(old clientv3.LeaseID) func(kv *mvccpb.KeyValue) bool {
 	return func(kv *mvccpb.KeyValue) bool {
 		return kv != nil && kv.Lease != 0 && clientv3.LeaseID(kv.Lease) != old

@@ -316,6 +316,55 @@ func fcHistory(prefix string, snapshot []*mvccpb.KeyValue, changes []*clientv3.E
 	return initial, out
 }
 
+// fcResync returns, as fcKinds writes them, the events a resync at
+// revision rev owes a replica of etcd's state at revision from: per host,
+// in HostUUID order, a Down for a host gone, an Up for a host come, a Down
+// then an Up for a host registered again under another lease, an Updated
+// for a host written since, nothing for a host unchanged.
+func fcResync(prefix string, snapshot []*mvccpb.KeyValue, changes []*clientv3.Event, from, rev int64) string {
+	type key struct{ lease, modRev int64 }
+	stateAt := func(rev int64) map[string]key {
+		m := map[string]key{}
+		put := func(kv *mvccpb.KeyValue, deleted bool) {
+			id := strings.TrimPrefix(string(kv.Key), prefix)
+			if _, err := decodeHost(prefix, kv.Key, kv.Value); deleted || err != nil {
+				delete(m, id)
+			} else {
+				m[id] = key{kv.Lease, kv.ModRevision}
+			}
+		}
+		for _, kv := range snapshot {
+			put(kv, false)
+		}
+		for _, ev := range changes {
+			if ev.Kv.ModRevision <= rev {
+				put(ev.Kv, ev.Type == mvccpb.DELETE)
+			}
+		}
+		return m
+	}
+	before, after := stateAt(from), stateAt(rev)
+	ids := maps.Clone(before)
+	maps.Copy(ids, after)
+	var s []string
+	for _, id := range slices.Sorted(maps.Keys(ids)) {
+		b, had := before[id]
+		a, has := after[id]
+		switch {
+		case had && (!has || a.lease != b.lease):
+			s = append(s, "down "+id)
+			if has {
+				s = append(s, "up "+id)
+			}
+		case has && !had:
+			s = append(s, "up "+id)
+		case has && a.modRev != b.modRev:
+			s = append(s, "updated "+id)
+		}
+	}
+	return strings.Join(s, ", ")
+}
+
 // fcEtcdLog records etcd's changes under a prefix as they happen.
 type fcEtcdLog struct {
 	mu      sync.Mutex

@@ -70,9 +70,9 @@ type Member struct {
 
 	// lifeMu serialises starting and stopping and guards the fields below.
 	lifeMu   sync.Mutex
-	etcd     *embed.Etcd        // nil while stopped
-	stopRPCs context.CancelFunc // aborts the running incarnation's RPCs
-	done     bool               // cleanup has run; never start again
+	etcd     *embed.Etcd // nil while stopped
+	stopRPCs func()      // aborts the running incarnation's RPCs, drops its connections
+	done     bool        // cleanup has run; never start again
 }
 
 // NewCluster starts a Cluster of n members with the default Config and
@@ -377,7 +377,7 @@ func (m *Member) Restart() {
 	deadline := time.Now().Add(rebindTimeout)
 	var (
 		e        *embed.Etcd
-		stopRPCs context.CancelFunc
+		stopRPCs func()
 		err      error
 	)
 	m.c.net.setDown(m, false)

@@ -141,9 +141,9 @@ type Server struct {
 
 	// lifeMu serialises starting and stopping and guards the fields below.
 	lifeMu   sync.Mutex
-	etcd     *embed.Etcd        // nil while stopped
-	stopRPCs context.CancelFunc // aborts the running incarnation's RPCs
-	done     bool               // Close has run; never start again
+	etcd     *embed.Etcd // nil while stopped
+	stopRPCs func()      // aborts the running incarnation's RPCs, drops its connections
+	done     bool        // Close has run; never start again
 
 	closeOnce sync.Once
 
@@ -245,9 +245,10 @@ func (s *Server) NewClient(t testing.TB) *clientv3.Client {
 
 // Stop stops the server: it aborts in-flight requests and streams with
 // codes.Unavailable (as a crashed server would, so clients retry rather than
-// give up), closes its connections and listeners, and returns when the
-// server is fully shut down. Clients stay open and reconnect after Restart.
-// Stop is idempotent.
+// give up), closes its connections and listeners without waiting for any
+// client (not even one cut off behind a Proxy, which etcd's graceful stop
+// would wait 5 s for), and returns when the server is fully shut down.
+// Clients stay open and reconnect after Restart. Stop is idempotent.
 //
 // Leases do not expire while the server is stopped: on restart etcd renews
 // every lease for its full TTL. To make a client's lease expire, cut the
@@ -448,16 +449,34 @@ func (sp memberSpec) embedConfig(rpcCtx context.Context) *embed.Config {
 }
 
 // startEtcd starts an embedded etcd as described by sp, without waiting for
-// it to become ready. The returned function aborts its in-flight RPCs; pass
-// both to stopEtcd.
-func startEtcd(sp memberSpec) (*embed.Etcd, context.CancelFunc, error) {
+// it to become ready. The returned function aborts its in-flight RPCs and
+// drops its client connections; pass both to stopEtcd.
+func startEtcd(sp memberSpec) (*embed.Etcd, func(), error) {
 	rpcCtx, stopRPCs := context.WithCancel(context.Background())
-	e, err := embed.StartEtcd(sp.embedConfig(rpcCtx))
+	var (
+		mu      sync.Mutex
+		servers []*grpc.Server // etcd's gRPC servers, once it serves
+	)
+	cfg := sp.embedConfig(rpcCtx)
+	cfg.ServiceRegister = func(gs *grpc.Server) {
+		mu.Lock()
+		defer mu.Unlock()
+		servers = append(servers, gs)
+	}
+	e, err := embed.StartEtcd(cfg)
 	if err != nil {
 		stopRPCs()
 		return nil, nil, fmt.Errorf("starting embedded etcd on %s: %w", sp.endpoint(), err)
 	}
-	return e, stopRPCs, nil
+	abort := func() {
+		stopRPCs()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, gs := range servers {
+			gs.Stop() // closes every connection, then waits for the handlers
+		}
+	}
+	return e, abort, nil
 }
 
 // waitReady waits until e is ready to serve, it fails, or the deadline
@@ -481,11 +500,13 @@ func waitReady(e *embed.Etcd, endpoint string, deadline time.Time) error {
 // shut down. With hard set it stops the way a crash would, without first
 // handing its raft leadership over (etcd's graceful stop does that, and it
 // may wait its request timeout, over 5 s, when no peer takes over).
-func stopEtcd(e *embed.Etcd, stopRPCs context.CancelFunc, hard bool) {
-	// Abort in-flight RPCs first: Etcd.Close stops gRPC gracefully and would
-	// otherwise wait its full request timeout (over 5 s) for open watch and
-	// lease keepalive streams.
-	stopRPCs()
+func stopEtcd(e *embed.Etcd, abort func(), hard bool) {
+	// Abort in-flight RPCs and drop the client connections first, as a
+	// crash does: Etcd.Close stops gRPC gracefully, which waits its request
+	// timeout (over 5 s) for open watch and lease keepalive streams, and up
+	// to 5 s for each client to answer its goodbye, which a client behind a
+	// partition (a blackholed or paused Proxy) never does.
+	abort()
 	if hard {
 		// Etcd.Close still attempts the leadership transfer, but on a
 		// stopped server that gives up at once.

@@ -1221,7 +1221,15 @@ func (m *shModel) crash() string {
 func (m *shModel) leave() string {
 	h := m.pick()
 	h.set.Close()
-	if err := h.live.Stop(testCtx(m.t)); err != nil {
+	err := h.live.Stop(testCtx(m.t))
+	// A revoke is bounded by the TTL, and a slow link's round trip takes
+	// up to a TTL (twice a delay up to ttl/2), more when the connection is
+	// made again after an etcd restart: Stop may then say that the revoke
+	// timed out, and the lease expires by itself, which the model allows.
+	if err != nil && slices.Contains(m.slow, h) && errors.Is(err, context.DeadlineExceeded) {
+		return h.id + " (its revoke timed out on the slow link)"
+	}
+	if err != nil {
 		m.t.Fatal(err)
 	}
 	return h.id

@@ -114,8 +114,9 @@ func TestFaultEtcdRestart(t *testing.T) {
 		}()
 
 		// b's lease goes within a TTL of etcd's return: at once if etcd
-		// kept little of its remaining TTL over the outage (etcd's stop can
-		// take seconds), else a TTL after etcd renewed it on taking office.
+		// kept little of its remaining TTL over the outage (a slow stop, on
+		// a loaded machine), else a TTL after etcd renewed it on taking
+		// office.
 		// a registers again within one TTL, under its lease renewed or,
 		// healed, under a new one (timed below).
 		bDown := direct.until(t, "b Down", func(evs []HostEvent) bool { return fcHas(evs[directMark:], HostDown, "b") }).Sub(back)
@@ -168,9 +169,10 @@ func TestFaultEtcdRestart(t *testing.T) {
 		// cut-off watcher had and etcd's state at the resync: fcReplay
 		// checked that it ends at that state, this that it says nothing
 		// more. Which differences there are depends on timing: as a rule
-		// a's new metadata, c gone, d come; when etcd's stop takes seconds,
-		// leases left with little of their TTL expire as it returns, b's,
-		// d's and a's among them (a's heal then comes after or within it).
+		// a's new metadata, c gone, d come; leases of which etcd kept
+		// little over the outage expire as it returns, b's, d's and a's
+		// among them, and their hosts' Downs are differences too (a's heal
+		// then comes after the resync or within it).
 		evs := cut.since(0, 0)
 		first := slices.IndexFunc(evs[cutMark:], func(ev HostEvent) bool { return ev.Synthetic })
 		if first < 0 {

@@ -69,10 +69,10 @@ type Member struct {
 	running atomic.Pointer[embed.Etcd]
 
 	// lifeMu serialises starting and stopping and guards the fields below.
-	lifeMu   sync.Mutex
-	etcd     *embed.Etcd // nil while stopped
-	stopRPCs func()      // aborts the running incarnation's RPCs, drops its connections
-	done     bool        // cleanup has run; never start again
+	lifeMu sync.Mutex
+	etcd   *embed.Etcd // nil while stopped
+	abort  func()      // aborts the running incarnation's RPCs, drops its connections
+	done   bool        // cleanup has run; never start again
 }
 
 // NewCluster starts a Cluster of n members with the default Config and
@@ -157,12 +157,12 @@ func (c *Cluster) startAll(base string, attempt int) error {
 	// served would keep it waiting. Starting does not wait for the others.
 	for _, m := range c.members {
 		c.net.setDown(m, false)
-		e, stopRPCs, err := startEtcd(m.spec())
+		e, abort, err := startEtcd(m.spec())
 		if err != nil {
 			return fail(err)
 		}
 		m.lifeMu.Lock()
-		m.etcd, m.stopRPCs = e, stopRPCs
+		m.etcd, m.abort = e, abort
 		m.lifeMu.Unlock()
 		started = append(started, m)
 	}
@@ -376,13 +376,13 @@ func (m *Member) Restart() {
 	m.stopLocked()
 	deadline := time.Now().Add(rebindTimeout)
 	var (
-		e        *embed.Etcd
-		stopRPCs func()
-		err      error
+		e     *embed.Etcd
+		abort func()
+		err   error
 	)
 	m.c.net.setDown(m, false)
 	for {
-		e, stopRPCs, err = startEtcd(m.spec())
+		e, abort, err = startEtcd(m.spec())
 		if err == nil {
 			break
 		}
@@ -394,11 +394,11 @@ func (m *Member) Restart() {
 	if !m.c.net.isCut(m) {
 		if err := waitReady(e, m.Endpoint(), time.Now().Add(readyTimeout)); err != nil {
 			m.c.net.setDown(m, true)
-			stopEtcd(e, stopRPCs, true)
+			stopEtcd(e, abort, true)
 			t.Fatalf("coordtest: restarting member %s: %v", m.name, err)
 		}
 	}
-	m.etcd, m.stopRPCs = e, stopRPCs
+	m.etcd, m.abort = e, abort
 	m.running.Store(e)
 }
 
@@ -451,8 +451,8 @@ func (m *Member) stopLocked() {
 	}
 	m.running.Store(nil)
 	m.c.net.setDown(m, true)
-	stopEtcd(m.etcd, m.stopRPCs, true)
-	m.etcd, m.stopRPCs = nil, nil
+	stopEtcd(m.etcd, m.abort, true)
+	m.etcd, m.abort = nil, nil
 }
 
 // compact compacts the member's store at its current revision and waits for

@@ -140,10 +140,10 @@ type Server struct {
 	peerURL   url.URL
 
 	// lifeMu serialises starting and stopping and guards the fields below.
-	lifeMu   sync.Mutex
-	etcd     *embed.Etcd // nil while stopped
-	stopRPCs func()      // aborts the running incarnation's RPCs, drops its connections
-	done     bool        // Close has run; never start again
+	lifeMu sync.Mutex
+	etcd   *embed.Etcd // nil while stopped
+	abort  func()      // aborts the running incarnation's RPCs, drops its connections
+	done   bool        // Close has run; never start again
 
 	closeOnce sync.Once
 
@@ -364,15 +364,15 @@ func (s *Server) revisionLocked(ctx context.Context) (int64, error) {
 // startLocked starts an etcd on s.dir, s.clientURL and s.peerURL and waits
 // until it is ready. lifeMu must be held and the server stopped.
 func (s *Server) startLocked() error {
-	e, stopRPCs, err := startEtcd(s.spec())
+	e, abort, err := startEtcd(s.spec())
 	if err != nil {
 		return err
 	}
 	if err := waitReady(e, s.Endpoint(), time.Now().Add(readyTimeout)); err != nil {
-		stopEtcd(e, stopRPCs, false)
+		stopEtcd(e, abort, false)
 		return err
 	}
-	s.etcd, s.stopRPCs = e, stopRPCs
+	s.etcd, s.abort = e, abort
 	return nil
 }
 
@@ -381,8 +381,8 @@ func (s *Server) stopLocked() {
 	if s.etcd == nil {
 		return
 	}
-	stopEtcd(s.etcd, s.stopRPCs, false)
-	s.etcd, s.stopRPCs = nil, nil
+	stopEtcd(s.etcd, s.abort, false)
+	s.etcd, s.abort = nil, nil
 }
 
 func (s *Server) spec() memberSpec {

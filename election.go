@@ -40,6 +40,9 @@ type Election struct {
 	sess    *session
 	lead    *leadership             // the latest leadership; over once its ctx is done
 	pending context.CancelCauseFunc // ends the campaign under way, if any
+	// campaigned is closed when the campaign under way, if any, has
+	// returned: what it left in etcd is then being settled (unsettled).
+	campaigned <-chan struct{}
 	// unsettled is closed once what a candidacy given up left in etcd (its
 	// put, or its key being withdrawn) is settled.
 	unsettled <-chan struct{}
@@ -194,13 +197,15 @@ func (e *Election) campaign(ctx context.Context, identity string, wait bool) (bo
 	cctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	defer context.AfterFunc(e.ctx, func() { cancel(ErrClosed) })()
+	campaigned := make(chan struct{})
 	e.mu.Lock()
-	e.pending = cancel
+	e.pending, e.campaigned = cancel, campaigned
 	e.mu.Unlock()
 	defer func() {
 		e.mu.Lock()
-		e.pending = nil
+		e.pending, e.campaigned = nil, nil
 		e.mu.Unlock()
+		close(campaigned)
 	}()
 	if l := e.current(); l != nil {
 		err := e.proclaim(cctx, l, identity)
@@ -303,12 +308,7 @@ func (e *Election) candidate(ctx context.Context, s *session, identity string) (
 	// A candidacy given up earlier is settled first (its put, or its
 	// withdrawal): its key is this one, and its delete must not take the
 	// key of this candidacy.
-	e.mu.Lock()
-	unsettled := e.unsettled
-	e.mu.Unlock()
-	select {
-	case <-unsettled:
-	case <-ctx.Done():
+	if !within(ctx, e.settling()) {
 		return "", 0, 0, ctx.Err()
 	}
 	res := e.put(s, key, identity)
@@ -496,12 +496,16 @@ func (e *Election) withdraw(ctx context.Context, s *session, key string, rev int
 	})
 }
 
-// settle runs f, what settles a candidacy given up, in the background;
-// the next candidacy waits for it (see candidate). Called with the turn
-// held.
-func (e *Election) settle(f func()) {
+// settle runs f, what settles a candidacy or a leadership given up (its
+// put, or its key being withdrawn or deleted), in the background. The next
+// candidacy waits for it (see candidate), and for those settling before
+// it: the key of each is the key of the next on the same session. It
+// returns a channel closed once all of them are settled. Called with the
+// turn held, or by Resign, which holds off Close's wait meanwhile.
+func (e *Election) settle(f func()) <-chan struct{} {
 	settled := make(chan struct{})
 	e.mu.Lock()
+	before := e.unsettled
 	e.unsettled = settled
 	e.mu.Unlock()
 	e.wg.Add(1)
@@ -509,7 +513,9 @@ func (e *Election) settle(f func()) {
 		defer e.wg.Done()
 		defer close(settled)
 		f()
+		<-before
 	}()
+	return settled
 }
 
 func (e *Election) deleteCandidate(ctx context.Context, s *session, key string, rev int64) error {
@@ -651,36 +657,67 @@ func (e *Election) proclaim(ctx context.Context, l *leadership, identity string)
 // Resign gives up leadership, so that another candidate can lead, and
 // withdraws a pending Campaign of this Election (which returns an error
 // wrapping ErrResigned). Our leadership ends at once (Done closes, Err
-// wraps ErrResigned); our key is deleted within ctx, or else the session
-// ends, so that the key goes with its lease as soon as etcd answers.
-// Resign returns nil when we neither lead nor campaign; it never waits for
-// a pending Campaign.
+// wraps ErrResigned). Resign returns nil once our key is gone from etcd;
+// if etcd cannot be told within ctx, it returns ctx's error and the delete
+// goes on in the background, bounded by the TTL. Should that fail too, the
+// session ends, so that the key goes with its lease as soon as etcd
+// answers; an Election of its own ends its session at once instead. A
+// pooled Election's shared session, and every other leadership on it, is
+// never ended for want of ctx. Resign returns nil when we neither lead nor
+// campaign; it never waits for a pending Campaign to lead.
 func (e *Election) Resign(ctx context.Context) error {
+	e.mu.Lock()
 	if e.ctx.Err() != nil || ctx.Err() != nil || e.cli.Ctx().Err() != nil {
+		e.mu.Unlock()
 		// Not started: nothing changes. (A closed client sends nothing
 		// more, as after a crash: the key goes with the lease.)
 		return e.callErr(ctx, "resign", ctx.Err())
 	}
-	e.mu.Lock()
-	l, pending := e.lead, e.pending
+	// Counted, so that Close waits for what Resign starts.
+	e.wg.Add(1)
+	defer e.wg.Done()
+	l, pending, campaigned := e.lead, e.pending, e.campaigned
 	e.mu.Unlock()
+	ctx, cancel := e.bind(ctx)
+	defer cancel()
 	if pending != nil {
 		pending(ErrResigned)
+		// The withdrawn candidacy settles its key as the Campaign returns.
+		if !within(ctx, campaigned) || !within(ctx, e.settling()) {
+			return e.callErr(ctx, "resign", ctx.Err())
+		}
 	}
 	if l == nil || l.ctx.Err() != nil {
 		return nil
 	}
 	l.cancel(ErrResigned)
 	e.log.Info("coord: resigned", "token", l.rev)
-	ctx, cancel := e.bind(ctx)
-	defer cancel()
-	_, err := e.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.rev)).
-		Then(clientv3.OpDelete(l.key)).Commit()
+	var err error
+	settled := e.settle(func() {
+		if err = e.deleteWithin(l.sess, l.key, l.rev); err != nil {
+			e.log.Warn("coord: leader key not deleted on resign, ending session", "token", l.rev, "err", err)
+			l.sess.end(errors.New("leader key could not be deleted on resign"))
+		}
+	})
+	if !within(ctx, settled) {
+		if e.pool == nil {
+			// Our own session: its lease takes the key.
+			l.sess.end(errors.New("leader key could not be deleted on resign"))
+		}
+		return e.callErr(ctx, "resign", ctx.Err())
+	}
 	if err != nil {
-		l.sess.end(errors.New("leader key could not be deleted on resign"))
 		return e.callErr(ctx, "resign", err)
 	}
 	return nil
+}
+
+// settling returns the channel closed once what candidacies given up
+// left in etcd is settled.
+func (e *Election) settling() <-chan struct{} {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.unsettled
 }
 
 // Leader returns the identity of the current leader, or an error wrapping

@@ -802,6 +802,70 @@ func TestElectionResign(t *testing.T) {
 		}
 		etWantCands(t, cli, 0)
 	})
+	t.Run("Resign of a waiting Campaign returns once its candidate key is gone", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		a := etElection(t, cli, ElectionOptions{})
+		etCampaign(t, a, "a")
+		px := srv.NewProxy(t)
+		b := etElection(t, px.NewClient(t), ElectionOptions{})
+		ctx := testCtx(t)
+		for i := range 3 {
+			res := etQueue(t, ctx, cli, b)
+			// A slow link: the withdrawal takes a round trip of 40 ms
+			// after the Campaign has returned.
+			px.Delay(20 * time.Millisecond)
+			if err := b.Resign(ctx); err != nil {
+				t.Fatalf("round %d: Resign: %v", i, err)
+			}
+			if n := len(candidates(t, cli, etPrefix)); n != 1 {
+				t.Fatalf("round %d: %d candidates as Resign returned, want only the leader's", i, n)
+			}
+			if r := etWait(t, res); !errors.Is(r.err, ErrResigned) {
+				t.Fatalf("round %d: Campaign: %v, want ErrResigned", i, r.err)
+			}
+			px.Delay(0)
+		}
+	})
+	t.Run("Resign of a waiting Campaign whose withdrawal outlasts its ctx returns at its ctx; the key goes in the background", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		a := etElection(t, cli, ElectionOptions{})
+		etCampaign(t, a, "a")
+		px := srv.NewProxy(t)
+		b := etElection(t, px.NewClient(t), ElectionOptions{TTL: 4 * time.Second})
+		res := etQueue(t, testCtx(t), cli, b)
+		// The withdrawal's round trip, 600 ms, outlasts Resign's ctx;
+		// the session's renewals are answered well within two thirds of
+		// its TTL.
+		px.Delay(300 * time.Millisecond)
+		ctx, cancel := context.WithTimeout(testCtx(t), 100*time.Millisecond)
+		defer cancel()
+		if err := b.Resign(ctx); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Resign: %v, want DeadlineExceeded", err)
+		}
+		if r := etWait(t, res); !errors.Is(r.err, ErrResigned) {
+			t.Fatalf("Campaign: %v, want ErrResigned", r.err)
+		}
+		etWaitCount(t, cli, etPrefix, 1, clientv3.WithPrefix())
+		if err := etSession(b).Err(); err != nil {
+			t.Fatalf("the session ended: %v", err)
+		}
+	})
+	t.Run("Resign refused by etcd returns the refusal and ends the session, whose lease takes the key", func(t *testing.T) {
+		srv, _ := newEtcd(t)
+		login := enableAuth(t, srv, map[string][]keyRange{"cand": {prefixRange(etPrefix)}})
+		root, cand := login("root"), login("cand")
+		e := etElection(t, cand, ElectionOptions{})
+		etCampaign(t, e, "a")
+		sess := etSession(e)
+		if _, err := root.RoleRevokePermission(testCtx(t), "cand", etPrefix, clientv3.GetPrefixRangeEnd(etPrefix)); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.Resign(testCtx(t)); !errors.Is(err, rpctypes.ErrPermissionDenied) {
+			t.Fatalf("Resign: %v, want permission denied", err)
+		}
+		waitClosed(t, sess.ctx.Done(), "the session")
+		etWaitCount(t, root, etPrefix, 0, clientv3.WithPrefix())
+	})
 	t.Run("Resign that cannot reach etcd ends our leadership at once; the key goes with the session once etcd answers", func(t *testing.T) {
 		srv, cli := newEtcd(t)
 		p := srv.NewProxy(t)

@@ -46,3 +46,13 @@ func sleep(ctx context.Context, d time.Duration) bool {
 		return false
 	}
 }
+
+// within waits until c is closed or ctx ends, reporting whether c closed.
+func within(ctx context.Context, c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

@@ -122,16 +122,17 @@ func (p *ElectionPool) share(ctx context.Context, e *Election) (*session, error)
 			}
 			continue
 		}
-		select {
-		case <-growing:
-		case <-ctx.Done():
+		if !within(ctx, growing) {
 			return nil, ctx.Err()
 		}
 	}
 }
 
-// roomLocked drops the sessions that ended and returns the first live one
-// with room, or nil.
+// roomLocked drops the sessions that ended and returns the fullest live
+// one with room (the first made, of those as full), or nil. Filling the
+// fullest first keeps the sessions few after churn: a key cannot move to
+// another lease without losing its place in line, so the emptiest are
+// left to empty.
 func (p *ElectionPool) roomLocked() *poolSession {
 	live := p.sessions[:0]
 	for _, ps := range p.sessions {
@@ -141,12 +142,13 @@ func (p *ElectionPool) roomLocked() *poolSession {
 	}
 	clear(p.sessions[len(live):])
 	p.sessions = live
+	var best *poolSession
 	for _, ps := range live {
-		if ps.keys < p.opts.KeysPerSession {
-			return ps
+		if ps.keys < p.opts.KeysPerSession && (best == nil || ps.keys > best.keys) {
+			best = ps
 		}
 	}
-	return nil
+	return best
 }
 
 // grow makes a new shared session (bounded by ctx, and cut short by

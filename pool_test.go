@@ -150,6 +150,68 @@ func TestElectionPool(t *testing.T) {
 		}
 		ptStats(t, p, PoolStats{Elections: 3, Sessions: 2, Leading: 3, TTL: 2 * time.Second})
 	})
+	t.Run("a new election joins the fullest session with room; a session left with no election is revoked at once", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		p := ptPool(t, cli, PoolOptions{TTL: 2 * time.Second, KeysPerSession: 3})
+		keys := ptKeys(7)
+		es := make([]*Election, len(keys))
+		for i, key := range keys[:6] {
+			es[i] = ptElection(t, p, key)
+			etCampaign(t, es[i], "a")
+		}
+		first, second := etSession(es[0]), etSession(es[3])
+		if first == second || etSession(es[2]) != first || etSession(es[5]) != second {
+			t.Fatal("want elections 0-2 on one session, 3-5 on another")
+		}
+		// The first session made is left with one election, the second
+		// with two: a new one joins the second.
+		for _, i := range []int{0, 1, 3} {
+			es[i].Close()
+		}
+		ptStats(t, p, PoolStats{Elections: 3, Sessions: 2, Leading: 3, TTL: 2 * time.Second})
+		es[6] = ptElection(t, p, keys[6])
+		etCampaign(t, es[6], "a")
+		if etSession(es[6]) != second {
+			t.Fatal("a new election joined the emptier session, not the fullest with room")
+		}
+		// The first session's last election leaves: its lease goes now,
+		// not when its TTL runs out.
+		es[2].Close()
+		ptStats(t, p, PoolStats{Elections: 3, Sessions: 1, Leading: 3, TTL: 2 * time.Second})
+		waitClosed(t, first.ctx.Done(), "the emptied session")
+		eventually(t, "the emptied session's lease revoked", func() bool { return etTTL(t, cli, first.id) == -1 })
+		if !slices.Equal(ptLeases(t, cli), []clientv3.LeaseID{second.id}) {
+			t.Fatalf("etcd holds leases %v, want only %x", ptLeases(t, cli), int64(second.id))
+		}
+	})
+	t.Run("a Resign that misses its ctx leaves the shared session and its other leaderships alone; the key goes in the background", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		px := srv.NewProxy(t)
+		p := ptPool(t, px.NewClient(t), PoolOptions{TTL: 2 * time.Second})
+		a, b := ptElection(t, p, etKey+"-a"), ptElection(t, p, etKey+"-b")
+		etCampaign(t, a, "a")
+		etCampaign(t, b, "b")
+		sess, key := etSession(a), a.current().key
+		if etSession(b) != sess {
+			t.Fatal("the two elections do not share a session")
+		}
+		// Each round trip takes 80 ms: the delete cannot be answered
+		// within a ctx of 20 ms.
+		px.Delay(40 * time.Millisecond)
+		ctx, cancel := context.WithTimeout(testCtx(t), 20*time.Millisecond)
+		defer cancel()
+		if err := a.Resign(ctx); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Resign: %v, want DeadlineExceeded", err)
+		}
+		if a.IsLeader() || !errors.Is(a.Err(), ErrResigned) {
+			t.Fatalf("after Resign: IsLeader %v, Err %v", a.IsLeader(), a.Err())
+		}
+		etWaitCount(t, cli, key, 0)
+		if !b.IsLeader() || sess.ctx.Err() != nil {
+			t.Fatalf("the other key's leadership: IsLeader %v, Err %v; session ended: %v", b.IsLeader(), b.Err(), sess.Err())
+		}
+		ptStats(t, p, PoolStats{Elections: 2, Sessions: 1, Leading: 1, TTL: 2 * time.Second})
+	})
 	t.Run("one holder per key; Close releases the key and leaves nothing behind", func(t *testing.T) {
 		srv, cli := newEtcd(t)
 		p := ptPool(t, cli, PoolOptions{TTL: 2 * time.Second, Identity: "pooled"})

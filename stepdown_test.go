@@ -476,6 +476,15 @@ func TestElectionStepDownBound(t *testing.T) {
 		ttl := 3 * time.Second * scale
 		sdBound(t, "answered within a try", ttl, ttl/20)
 	})
+	t.Run("answers after the next try was sent", func(t *testing.T) {
+		t.Parallel()
+		// Each answer comes after its try has given up (a sixth of the
+		// TTL) and the next try was sent, before that one gives up: it
+		// answers the earlier try, sent 2d before it came, not the one
+		// waiting when it comes.
+		ttl := 3 * time.Second * scale
+		sdBound(t, "answered after the next try", ttl, ttl/8)
+	})
 }
 
 // sdBound makes an election lead through a proxy with ttl, slows the link

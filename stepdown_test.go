@@ -10,11 +10,14 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"slices"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 
 	"github.com/go-coord/coord/coordtest"
 	"github.com/go-coord/coord/internal/testenv"
@@ -453,5 +456,150 @@ func (c *sdProc) expect(t *testing.T, format string, args ...any) {
 		}
 	case <-timer.C:
 		t.Fatalf("the helper process said nothing within %v; want %q", patience(), format)
+	}
+}
+
+// TestElectionStepDownBound checks the step-down rule from outside the
+// library, on the test's own clock. The link is slowed by d each way, then
+// cut at c (the proxy drops what it holds then): an answer that got
+// through before the cut, to a renewal sent since the link was slowed,
+// left etcd before c−d, for a renewal that left the leader before c−2d.
+// etcd may expire the lease a TTL after that, so the leader must step down
+// by c − 2d + 2/3 TTL (plus sdSlack), whatever renewal time it recorded.
+func TestElectionStepDownBound(t *testing.T) {
+	t.Parallel() // long and bound by waits: see "Parallel tests" in helpers_test.go
+	t.Run("answers within a try", func(t *testing.T) {
+		t.Parallel()
+		// Each renewal is answered 2d after it was sent, within its try
+		// (a sixth of the TTL): the answer that came just before the cut
+		// vouches for the lease from its send, 2d before it came.
+		ttl := 3 * time.Second * scale
+		sdBound(t, "answered within a try", ttl, ttl/20)
+	})
+	t.Run("answers after the next try was sent", func(t *testing.T) {
+		t.Parallel()
+		// Each answer comes after its try has given up (a sixth of the
+		// TTL) and the next try was sent, before that one gives up: it
+		// answers the earlier try, sent 2d before it came, not the one
+		// waiting when it comes.
+		ttl := 3 * time.Second * scale
+		sdBound(t, "answered after the next try", ttl, ttl/8)
+	})
+}
+
+// sdBound makes an election lead through a proxy with ttl, slows the link
+// by d each way just after a renewal was answered, cuts it just after the
+// first answer to a renewal sent since, and checks the step-down against
+// the cut.
+func sdBound(t *testing.T, shape string, ttl, d time.Duration) {
+	t.Helper()
+	srv, _ := newEtcd(t)
+	p := srv.NewProxy(t)
+	cli, tap := sdTappedClient(t, p.ClientConfig())
+	e := etElection(t, cli, ElectionOptions{TTL: ttl})
+	t.Cleanup(func() { p.Unblackhole(); p.Delay(0) })
+	s := sdLead(t, shape, e, ttl)
+	// Just after an answer no renewal is on its way (the next is due a
+	// third of the TTL after the last): each one from now on is slowed
+	// both ways.
+	tap.answerAfter(t, time.Now())
+	p.Delay(d)
+	slowed := time.Now()
+	// A renewal sent after slowed is answered 2d later at the earliest.
+	answered := tap.answerAfter(t, slowed.Add(2*d))
+	p.Blackhole()
+	cut := time.Now()
+	waitClosed(t, s.done, "Done of the leader cut off")
+	stepped := time.Now()
+	if s.e.IsLeader() || s.e.Token() != 0 {
+		t.Errorf("after Done: IsLeader %v, Token %d; want false, 0", s.e.IsLeader(), s.e.Token())
+	}
+	// The last renewal that can have been answered left at last.
+	last := cut.Add(-2 * d)
+	if last.Before(slowed) {
+		last = slowed
+	}
+	mark := last.Add(2 * ttl / 3)
+	margin := mark.Sub(stepped)
+	t.Logf("shape %s: delay %v each way, cut %v after an answer; stepped down %v after the cut, %v (%.0f ms) before c − 2d + 2/3 TTL",
+		shape, d, cut.Sub(answered).Round(time.Microsecond), stepped.Sub(cut).Round(time.Millisecond),
+		margin.Round(time.Millisecond), float64(margin)/float64(time.Millisecond))
+	if -margin > sdSlack() {
+		t.Errorf("shape %s: stepped down %v after c − 2d + 2/3 TTL (TTL %v, delay %v each way), want at most %v after",
+			shape, -margin, ttl, d, sdSlack())
+	}
+}
+
+// sdTap sees, from outside the library, when the answers of a client's
+// renewal streams come in.
+type sdTap struct {
+	mu      sync.Mutex
+	answers []time.Time
+	changed chan struct{} // closed and replaced at each answer
+}
+
+// sdTappedClient returns a client made from cfg whose renewal streams
+// report their answers to the returned tap. It is closed at the end of
+// the test.
+func sdTappedClient(t *testing.T, cfg clientv3.Config) (*clientv3.Client, *sdTap) {
+	t.Helper()
+	tap := &sdTap{changed: make(chan struct{})}
+	cfg.DialOptions = append(slices.Clone(cfg.DialOptions),
+		grpc.WithChainStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn,
+			method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+			s, err := streamer(ctx, desc, cc, method, opts...)
+			if err != nil || method != "/etcdserverpb.Lease/LeaseKeepAlive" {
+				return s, err
+			}
+			return sdTapStream{s, tap}, nil
+		}))
+	c, err := clientv3.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c, tap
+}
+
+// sdTapStream is a renewal stream whose answers are reported to tap.
+type sdTapStream struct {
+	grpc.ClientStream
+	tap *sdTap
+}
+
+func (s sdTapStream) RecvMsg(m any) error {
+	err := s.ClientStream.RecvMsg(m)
+	if err == nil {
+		s.tap.mu.Lock()
+		s.tap.answers = append(s.tap.answers, time.Now())
+		close(s.tap.changed)
+		s.tap.changed = make(chan struct{})
+		s.tap.mu.Unlock()
+	}
+	return err
+}
+
+// answerAfter waits for an answer that comes after since and returns when
+// it came, failing the test after patience.
+func (tap *sdTap) answerAfter(t *testing.T, since time.Time) time.Time {
+	t.Helper()
+	deadline := time.NewTimer(patience())
+	defer deadline.Stop()
+	for {
+		tap.mu.Lock()
+		changed := tap.changed
+		var last time.Time
+		if n := len(tap.answers); n > 0 {
+			last = tap.answers[n-1]
+		}
+		tap.mu.Unlock()
+		if last.After(since) {
+			return last
+		}
+		select {
+		case <-changed:
+		case <-deadline.C:
+			t.Fatalf("no renewal answered after %v before the deadline", since.Format("15:04:05.000"))
+		}
 	}
 }

@@ -51,6 +51,7 @@ type ShardSet struct {
 	ready      chan struct{} // closed once the hosts and the candidates are known
 	readyOnce  sync.Once
 	wg         sync.WaitGroup // the followers and the workers
+	runs       sync.WaitGroup // the Runs; added to under mu while ctx lives
 	closeOnce  sync.Once
 
 	mu          sync.Mutex
@@ -434,7 +435,7 @@ func (s *ShardSet) serve(w *shardWorker, e *Election, term context.Context) {
 		if err == nil {
 			err = s.hold(w, e, term)
 			// Resign, not Close: we may queue again. Bounded on its own:
-			// a resign cut short ends the shared session.
+			// a resign cut short goes on in the background.
 			ctx, cancel := context.WithTimeout(context.Background(), s.opts.TTL)
 			w.log.Debug("coord: shard resigned", "err", e.Resign(ctx))
 			cancel()
@@ -460,6 +461,7 @@ func (s *ShardSet) hold(w *shardWorker, e *Election, term context.Context) error
 	emit(s.opts.OnSignal, Signal{Kind: SignalShardAcquired, Host: s.opts.Self, Key: w.name, Token: sh.Token})
 	ran := make(chan struct{})
 	go func() {
+		defer s.runs.Done()
 		defer close(ran)
 		s.opts.Run(ctx, sh)
 	}()
@@ -511,6 +513,7 @@ func (s *ShardSet) acquire(w *shardWorker, e *Election, term context.Context) (c
 	}
 	run, stop := context.WithCancelCause(term)
 	w.stopRun, w.e, w.owned = stop, e, sh
+	s.runs.Add(1) // term lives: Close has not started waiting for the Runs
 	return run, stop, sh, done
 }
 
@@ -556,16 +559,21 @@ func (s *ShardSet) Owner(ctx context.Context, shard string) (string, error) {
 }
 
 // Close ends every Run's ctx (its cause is ErrClosed), stops the host
-// watcher, waits for every Run to return, resigns and withdraws our
-// candidacies (the next candidates take over), then closes the elections'
-// pool. It waits for the Runs as long as they take; the rest is bounded by
-// about one TTL. It is idempotent and returns nil.
+// watcher, waits for every Run to return, then closes the elections' pool:
+// its sessions' revokes take all our candidacies at once (the next
+// candidates take over). It waits for the Runs as long as they take; the
+// rest is bounded by about one TTL, however etcd answers. It is idempotent
+// and returns nil.
 func (s *ShardSet) Close() error {
 	s.closeOnce.Do(func() {
+		// Under mu: no Run starts once it is cancelled (see acquire).
+		s.mu.Lock()
 		s.cancel(ErrClosed)
+		s.mu.Unlock()
 		s.w.Close()
-		s.wg.Wait()
+		s.runs.Wait()
 		s.pool.Close()
+		s.wg.Wait()
 		s.stopClient()
 	})
 	return nil

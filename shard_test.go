@@ -1259,3 +1259,25 @@ func (m *shModel) heal() {
 	}
 	m.slow = nil
 }
+
+func TestShardSetCloseUnreachable(t *testing.T) {
+	t.Parallel() // bound by a TTL: see "Parallel tests" in helpers_test.go
+	t.Run("Close on an unreachable etcd returns within about one TTL", func(t *testing.T) {
+		srv, l, shards, _ := shFleet(t, 8, 0)
+		h := shRegister(t, srv, "host-00")[0]
+		ttl := 2 * time.Second * scale
+		h.start(t, l, ShardOptions{Shards: shards, TTL: ttl})
+		l.until(t, "host-00 owning every shard", func() bool { return len(h.set.Owned()) == len(shards) })
+		h.px.Blackhole()
+		defer h.px.Unblackhole()
+		start := time.Now()
+		h.set.Close()
+		// The Runs return at once; the pool's revoke is then bounded by
+		// the TTL, not each shard's resign first.
+		if took, limit := time.Since(start), ttl+ttl/5; took > limit {
+			t.Fatalf("Close took %v on an unreachable etcd, want at most %v (TTL %v)", took, limit, ttl)
+		} else {
+			t.Logf("Close took %v on an unreachable etcd (TTL %v)", took, ttl)
+		}
+	})
+}

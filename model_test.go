@@ -33,7 +33,10 @@ import (
 // catch-up of a consumer left behind is exercised. After the run, no two
 // agents may have believed they led the same key at the same instant: the
 // terms' intervals, from a campaign's return to the close of Done, must not
-// intersect.
+// intersect. Each fenced write also puts a register, mdFenced, that a
+// checker client of its own reads at intervals and at the end; porcupine
+// checks that the history of those writes and reads linearizes as a fenced
+// register (see fence_history_test.go).
 //
 // Environment:
 //
@@ -51,6 +54,7 @@ const (
 	mdElection  = "/model/leader"
 	mdCandidate = mdElection + "/"
 	mdLog       = "/model/log/"
+	mdFenced    = "/model/fenced"
 	mdAgents    = 6
 	mdTTL       = time.Second
 
@@ -203,6 +207,9 @@ type model struct {
 	start time.Time
 	ring  *mdRing
 
+	hist    *fhHistory // of mdFenced
+	checker *fhReader  // reads mdFenced into hist
+
 	agents   []*mdAgent
 	watchers []*mdWatcher
 
@@ -247,12 +254,14 @@ func newModel(t *testing.T, cfg mdConfig) *model {
 		rng:  rand.New(rand.NewPCG(cfg.seed, 0x6d6f64656c)),
 		qrng: rand.New(rand.NewPCG(cfg.seed, 0x7175696574)),
 		ring: newMdRing(3000),
+		hist: newFhHistory(),
 		cuts: map[*coordtest.Proxy]*mdCut{},
 		wins: map[int64]string{},
 	}
 	t.Logf("seed %d (replay with COORD_MODEL_SEED=%d), %d steps, budget %v", cfg.seed, cfg.seed, cfg.steps, cfg.budget)
 	m.srv = coordtest.NewServer(t)
 	m.cli = m.srv.Client()
+	m.checker = m.hist.readEvery(t, m.srv.NewClient(t), fhReadEvery, mdFenced)
 	for i := range mdAgents {
 		m.agents = append(m.agents, &mdAgent{
 			m: m, i: i, id: fmt.Sprintf("agent-%d", i), px: m.srv.NewProxy(t),
@@ -312,11 +321,15 @@ func (m *model) run() {
 	}
 	m.quiet("final")
 	m.shutdown()
+	if err := m.checker.finish(); err != nil {
+		m.fatalf("final read of %s: %v", mdFenced, err)
+	}
 	writes, tokens := m.checkLog()
 	if int64(writes) < m.writes.Load() {
 		m.fatalf("%d writes in the log, but %d guarded writes succeeded", writes, m.writes.Load())
 	}
 	overlaps, longest := m.checkTerms()
+	m.hist.check(m.t, m.cfg.seed)
 	m.mu.Lock()
 	var ops []string
 	for k, n := range m.counts {
@@ -1225,7 +1238,8 @@ func (a *mdAgent) resign() string {
 	return fmt.Sprintf("resigned token %d", token)
 }
 
-// mdWriter appends to the log under Guard while its election leads.
+// mdWriter appends to the log under Guard while its election leads, and
+// puts mdFenced in the same Txn.
 type mdWriter struct {
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -1235,6 +1249,7 @@ func (a *mdAgent) startWriter() *mdWriter {
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &mdWriter{cancel: cancel, done: make(chan struct{})}
 	cli, e, ident, inc := a.cli, a.elec, a.ident, a.inc
+	client := a.m.hist.client()
 	r := rand.New(rand.NewPCG(a.m.cfg.seed, uint64(a.i)<<32|uint64(inc)))
 	go func() {
 		defer close(w.done)
@@ -1257,10 +1272,14 @@ func (a *mdAgent) startWriter() *mdWriter {
 			}
 			n++
 			key := fmt.Sprintf("%s%s/%d/%06d", mdLog, a.id, inc, n)
+			value := fmt.Sprintf("%s %d #%d", ident, token, n)
 			wctx, wcancel := context.WithTimeout(ctx, 500*time.Millisecond)
-			resp, err := cli.Txn(wctx).If(guard).
-				Then(clientv3.OpPut(key, fmt.Sprintf("%s %d", ident, token)),
-					clientv3.OpGet(mdCandidate, clientv3.WithFirstCreate()...)).Commit()
+			resp, err := a.m.hist.write(client, mdFenced, ident, token, value, func() (*clientv3.TxnResponse, error) {
+				return cli.Txn(wctx).If(guard).
+					Then(clientv3.OpPut(key, fmt.Sprintf("%s %d", ident, token)),
+						clientv3.OpGet(mdCandidate, clientv3.WithFirstCreate()...),
+						clientv3.OpPut(mdFenced, value)).Commit()
+			})
 			wcancel()
 			if err != nil || !resp.Succeeded {
 				continue

@@ -96,6 +96,10 @@ type shLedger struct {
 	events  []shEvent
 	writes  []shWrite
 	changed chan struct{} // closed and replaced at each signal
+
+	seq     atomic.Int64   // numbers the writes, so that each writes a value of its own
+	hist    *fhHistory     // if set, records every write, whatever its outcome
+	clients map[string]int // hist's client of each host and shard
 }
 
 func newShLedger() *shLedger { return &shLedger{changed: make(chan struct{})} }
@@ -182,12 +186,14 @@ func (l *shLedger) waitEvent(t *testing.T, i int, kind SignalKind, host, shard s
 }
 
 // write puts the shard's work through cli under its Guard, and records it
-// if etcd accepted it.
+// if etcd accepted it (and in l.hist, if set, whatever the outcome).
 func (l *shLedger) write(cli *clientv3.Client, host string, s Shard) bool {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	resp, err := cli.Txn(ctx).If(s.Guard).
-		Then(clientv3.OpPut(shWork+s.Name, fmt.Sprintf("%s/%d", host, s.Token))).Commit()
+	value := fmt.Sprintf("%s/%d/%d", host, s.Token, l.seq.Add(1))
+	resp, err := l.hist.write(l.client(host, s.Name), shWork+s.Name, host, s.Token, value, func() (*clientv3.TxnResponse, error) {
+		return cli.Txn(ctx).If(s.Guard).Then(clientv3.OpPut(shWork+s.Name, value)).Commit()
+	})
 	if err != nil || !resp.Succeeded {
 		return false
 	}
@@ -195,6 +201,24 @@ func (l *shLedger) write(cli *clientv3.Client, host string, s Shard) bool {
 	defer l.mu.Unlock()
 	l.writes = append(l.writes, shWrite{s.Name, host, s.Token, resp.Header.Revision})
 	return true
+}
+
+// client returns l.hist's client of host's writes to shard.
+func (l *shLedger) client(host, shard string) int {
+	if l.hist == nil {
+		return 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.clients == nil {
+		l.clients = map[string]int{}
+	}
+	id, ok := l.clients[host+" "+shard]
+	if !ok {
+		id = l.hist.client()
+		l.clients[host+" "+shard] = id
+	}
+	return id
 }
 
 // writer returns a Run that writes its shard's work under its Guard until
@@ -257,7 +281,8 @@ func shHistory(t *testing.T, cli *clientv3.Client) []shWrite {
 			if ev.Kv.ModRevision == end.Header.Revision {
 				return out
 			}
-			host, token, _ := strings.Cut(string(ev.Kv.Value), "/")
+			host, rest, _ := strings.Cut(string(ev.Kv.Value), "/")
+			token, _, _ := strings.Cut(rest, "/")
 			tok, err := strconv.ParseInt(token, 10, 64)
 			if err != nil {
 				t.Fatalf("history: %q: %v", ev.Kv.Value, err)
@@ -1115,8 +1140,11 @@ func testShardBadInput(t *testing.T) {
 // TestShardModel runs seeded random joins, crashes, graceful leaves,
 // cut-off and slow links and etcd restarts under ShardSets whose Runs
 // write under their Guards, and checks etcd's history of those writes: in
-// each shard, tokens never go back and a token is one host's. The seed is
-// logged; COORD_MODEL_SEED replays a run.
+// each shard, tokens never go back and a token is one host's. A checker
+// client of its own reads the shards' work at intervals and at the end,
+// and porcupine checks that the writes and reads of each shard linearize
+// as a fenced register (see fence_history_test.go). The seed is logged;
+// COORD_MODEL_SEED replays a run.
 func TestShardModel(t *testing.T) {
 	t.Parallel() // long and bound by waits: see "Parallel tests" in helpers_test.go
 	seed := uint64(time.Now().UnixNano())
@@ -1135,7 +1163,13 @@ func TestShardModel(t *testing.T) {
 	}
 	t.Logf("seed %d (replay with COORD_MODEL_SEED=%d), %d steps", seed, seed, steps)
 	m := &shModel{t: t, rng: rand.New(rand.NewPCG(seed, 0x7368617264)), l: newShLedger(), shards: shNames(12)}
+	m.l.hist = newFhHistory()
 	m.srv, _ = newEtcd(t)
+	var work []string
+	for _, s := range m.shards {
+		work = append(work, shWork+s)
+	}
+	checker := m.l.hist.readEvery(t, m.srv.NewClient(t), fhReadEvery, work...)
 	for range 3 {
 		m.join()
 	}
@@ -1150,9 +1184,13 @@ func TestShardModel(t *testing.T) {
 			h.set.Close()
 		}
 	}
+	if err := checker.finish(); err != nil {
+		t.Fatalf("final read of the shards' work: %v; replay with COORD_MODEL_SEED=%d", err, seed)
+	}
 	ws := shHistory(t, m.srv.Client())
 	overlaps, handoffs := shCheck(ws)
 	t.Logf("overlaps: %d (%d fenced writes applied, %d answered, %d handoffs; seed %d)", overlaps, len(ws), len(m.l.acked()), handoffs, seed)
+	m.l.hist.check(t, seed)
 	if overlaps != 0 {
 		t.Fatalf("%d overlapping writes; replay with COORD_MODEL_SEED=%d", overlaps, seed)
 	}

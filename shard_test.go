@@ -513,6 +513,68 @@ func TestShardRanking(t *testing.T) {
 	})
 }
 
+// TestRankHosts pins the ranking with golden values: it is wire format,
+// shared by every agent of a fleet whatever its version. A change makes
+// old and new agents rank differently during a rolling upgrade: more
+// than Replicas hosts might campaign for a shard, or none. The values
+// were computed once, and checked against another implementation of
+// FNV-1a 64 and splitmix64's finalizer: they must never be regenerated.
+func TestRankHosts(t *testing.T) {
+	t.Run("weight is FNV-1a 64 of shard, a zero byte and host, spread by splitmix64", func(t *testing.T) {
+		golden := []struct {
+			shard, host string
+			want        uint64
+		}{
+			{"", "", 0x25fc6dd36ce04b20},
+			// The zero byte keeps apart what concatenation would not.
+			{"", "a", 0x16bc26fa3458bfad},
+			{"a", "", 0xd0137a57d0ef408f},
+			{"ab", "c", 0x9291f5e7171dc35a},
+			{"a", "bc", 0x82a144826e72d59e},
+			{"abc", "", 0x6b8ac9656e35720f},
+			{"", "abc", 0x162a62a8a536e445},
+			{"s", "a", 0xffd14d5b7a07997d},
+			{"s", "b", 0x716bfd52addc8f31},
+			{"shard-0000", "host-00", 0x544194b3ab55851b},
+			{"shard-0000", "host-01", 0x34f47077fd23df16},
+			{"shard-0001", "host-00", 0xbc57a8eeb07e3e31},
+			{"shard-4095", "host-32", 0x5eb38b168d830d90},
+			// UTF-8 is hashed byte by byte.
+			{"café", "hôte-é", 0x3f030bc6e4271dd6},
+			{"orders-eu", "6f1c2e9a-3b7d-4c2a-9e1f-0a5b8c7d6e4f", 0xbe445b3a049bd548},
+		}
+		for _, g := range golden {
+			if got := weight(g.shard, g.host); got != g.want {
+				t.Errorf("weight(%q, %q) = %#016x, want %#016x", g.shard, g.host, got, g.want)
+			}
+		}
+	})
+	t.Run("RankHosts orders by weight, highest first, and leaves its input alone", func(t *testing.T) {
+		hosts := []string{"host-00", "host-01", "host-02", "host-03", "host-04", "host-05"}
+		golden := []struct {
+			shard string
+			hosts []string
+			want  []string
+		}{
+			{"s", hosts, []string{"host-02", "host-04", "host-03", "host-01", "host-05", "host-00"}},
+			{"shard-0000", hosts, []string{"host-03", "host-04", "host-00", "host-01", "host-05", "host-02"}},
+			{"shard-0001", hosts, []string{"host-03", "host-05", "host-00", "host-02", "host-04", "host-01"}},
+			{"orders-eu", hosts, []string{"host-04", "host-00", "host-03", "host-02", "host-01", "host-05"}},
+			{"ab", []string{"c", "bc", "a", "abc", ""}, []string{"", "abc", "bc", "c", "a"}},
+			{"s", nil, nil},
+		}
+		for _, g := range golden {
+			in := slices.Clone(g.hosts)
+			if got := RankHosts(g.shard, in); !slices.Equal(got, g.want) {
+				t.Errorf("RankHosts(%q, %q) = %q, want %q", g.shard, g.hosts, got, g.want)
+			}
+			if !slices.Equal(in, g.hosts) {
+				t.Errorf("RankHosts(%q, ...) changed its input to %q", g.shard, in)
+			}
+		}
+	})
+}
+
 func TestShardSpread(t *testing.T) {
 	_, l, shards, hosts := shFleet(t, 64, 4)
 	shStartAll(t, l, hosts, ShardOptions{Shards: shards})

@@ -877,6 +877,7 @@ func TestShardSet(t *testing.T) {
 	t.Run("a broken candidate watch is listed again", testShardBrokenWatch)
 	t.Run("the shard sets carry on across an etcd restart", testShardRestart)
 	t.Run("Close ends every Run, waits for them, hands over, and is idempotent", testShardClose)
+	t.Run("Close waits for a Run that works on past its ctx's end", testShardCloseWaitsForRun)
 	t.Run("Owner reports the owner as etcd holds it; keys that are no candidates are skipped", testShardOwner)
 	t.Run("NewShardSet returns within its ctx when etcd cannot be reached, and fails when the hosts may not be read", testShardUnreachable)
 	t.Run("bad input is refused and nothing is written", testShardBadInput)
@@ -1069,6 +1070,43 @@ func testShardClose(t *testing.T) {
 	}
 	if _, err := a.set.Owner(ctx, shards[1]); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Owner after Close: %v, want ErrClosed", err)
+	}
+}
+
+func testShardCloseWaitsForRun(t *testing.T) {
+	srv, _ := newEtcd(t)
+	l := newShLedger()
+	const drain = 300 * time.Millisecond
+	var (
+		cause    error
+		returned time.Time
+		done     = make(chan struct{}) // closed once Run has returned
+	)
+	a := shRegister(t, srv, "a")[0]
+	a.start(t, l, ShardOptions{Shards: []string{"s"}, Run: func(ctx context.Context, s Shard) {
+		defer close(done)
+		<-ctx.Done()
+		cause = context.Cause(ctx)
+		// The work goes on for a while after the ctx ended: fenced writes,
+		// which hold as long as we have not resigned.
+		for end := time.Now().Add(drain); time.Now().Before(end); time.Sleep(shPace) {
+			l.write(a.cli, a.id, s)
+		}
+		returned = time.Now()
+	}})
+	l.waitEvent(t, 0, SignalShardAcquired, a.id, "s")
+	start := time.Now()
+	a.set.Close()
+	closed := time.Now()
+	if !isClosed(done) {
+		t.Fatalf("Close returned after %v, before the Run, working %v past its ctx's end, returned", closed.Sub(start), drain)
+	}
+	t.Logf("Close took %v; the Run returned %v before it returned", closed.Sub(start), closed.Sub(returned))
+	if !errors.Is(cause, ErrClosed) || returned.Sub(start) < drain {
+		t.Fatalf("the Run returned %v after Close began, its ctx ended because %v; want after %v, ErrClosed", returned.Sub(start), cause, drain)
+	}
+	if n := len(l.acked()); n == 0 {
+		t.Fatal("no fenced write of the Run's work held")
 	}
 }
 

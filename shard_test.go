@@ -618,6 +618,119 @@ func shMoves(t *testing.T, l *shLedger, mark int, from, to map[string]string, wh
 	return moved
 }
 
+// shTopReplicas returns, for each shard, its top replicas among live,
+// sorted: the hosts that must campaign for it.
+func shTopReplicas(shards, live []string, replicas int) map[string][]string {
+	out := map[string][]string{}
+	for _, s := range shards {
+		top := shRank(s, live)
+		out[s] = slices.Sorted(slices.Values(top[:min(replicas, len(top))]))
+	}
+	return out
+}
+
+// shCandidates returns, for each shard, the identities of its candidates
+// in etcd, sorted.
+func shCandidates(t *testing.T, cli *clientv3.Client, shards []string) map[string][]string {
+	t.Helper()
+	out := map[string][]string{}
+	for _, s := range shards {
+		var ids []string
+		for _, kv := range candidates(t, cli, ShardsPrefix+s+"/") {
+			ids = append(ids, string(kv.Value))
+		}
+		slices.Sort(ids)
+		out[s] = ids
+	}
+	return out
+}
+
+// shCampaigning returns, for each shard, the hosts whose shard set
+// campaigns for it (or runs it), sorted.
+func shCampaigning(hosts []*shHost, shards []string) map[string][]string {
+	out := map[string][]string{}
+	for _, s := range shards {
+		var ids []string
+		for _, h := range hosts {
+			h.set.mu.Lock()
+			if h.set.workers[s] != nil {
+				ids = append(ids, h.id)
+			}
+			h.set.mu.Unlock()
+		}
+		out[s] = ids
+	}
+	return out
+}
+
+// shSettleCandidates waits until each shard's candidates in etcd are its
+// top replicas live hosts (all of hosts), and are those of the campaigns
+// going on, none missing: a host that campaigns when it should not has its
+// key in etcd by then. It returns the candidates.
+func shSettleCandidates(t *testing.T, cli *clientv3.Client, shards []string, hosts []*shHost, replicas int) map[string][]string {
+	t.Helper()
+	want := shTopReplicas(shards, shIDsOf(hosts), replicas)
+	deadline := time.Now().Add(patience())
+	for {
+		got, campaigning := shCandidates(t, cli, shards), shCampaigning(hosts, shards)
+		if maps.EqualFunc(got, want, slices.Equal) && maps.EqualFunc(got, campaigning, slices.Equal) {
+			return got
+		}
+		if time.Now().After(deadline) {
+			for _, s := range shards {
+				t.Logf("%s: candidates %v, campaigning %v, want the top %d of %v: %v",
+					s, got[s], campaigning[s], replicas, shRank(s, shIDsOf(hosts)), want[s])
+			}
+			t.Fatalf("the candidates are not the top %d live hosts of each shard at the deadline", replicas)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestShardReplicas(t *testing.T) {
+	for _, replicas := range []int{1, 2} {
+		name := fmt.Sprintf("Replicas %d: the top %d live hosts of each shard campaign, and a host pushed out withdraws", replicas, replicas)
+		t.Run(name, func(t *testing.T) {
+			srv, _ := newEtcd(t)
+			cli, l := srv.Client(), newShLedger()
+			ids := shIDs(5)
+			// Shards that the host joining later tops (two), ranks second
+			// for (two), or lower (four).
+			var shards []string
+			picked := map[int]int{}
+			for _, s := range shNames(100) {
+				pos := min(slices.Index(shRank(s, ids), ids[4]), 2)
+				if picked[pos] < 2 || pos == 2 && picked[pos] < 4 {
+					picked[pos]++
+					shards = append(shards, s)
+				}
+			}
+			hosts := shRegister(t, srv, ids[:4]...)
+			opts := ShardOptions{Shards: shards, Replicas: replicas}
+			shStartAll(t, l, hosts, opts)
+			before := shSettleCandidates(t, cli, shards, hosts, replicas)
+
+			// A host joins: where it ranks among the top, the host it
+			// pushes out withdraws its candidacy.
+			joined := shRegister(t, srv, ids[4])[0]
+			hosts = append(hosts, joined.start(t, l, opts))
+			after := shSettleCandidates(t, cli, shards, hosts, replicas)
+			var pushed []string
+			for _, s := range shards {
+				for _, h := range before[s] {
+					if !slices.Contains(after[s], h) {
+						pushed = append(pushed, h+" of "+s)
+					}
+				}
+			}
+			t.Logf("%s joined: pushed out %v", joined.id, pushed)
+			if len(pushed) == 0 {
+				t.Fatalf("%s pushed no host out of any shard's top %d", joined.id, replicas)
+			}
+		})
+	}
+}
+
 func TestShardMovement(t *testing.T) {
 	srv, _ := newEtcd(t)
 	l := newShLedger()

@@ -19,6 +19,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/go-coord/coord/coordtest"
 )
@@ -985,6 +987,7 @@ func TestShardPartition(t *testing.T) {
 func TestShardSet(t *testing.T) {
 	t.Run("a host not registered owns nothing until it is, and lets go of everything when its registration ends", testShardNotRegistered)
 	t.Run("a campaign won while a better-ranked host is in line hands over at once, without Run", testShardHandOverAtOnce)
+	t.Run("a better-ranked candidacy ahead of ours in line, still in our view, is no reason to hand over; one behind ours is", testShardAheadInLine)
 	t.Run("a Run that returns on its own hands the shard over, and queues again after a pause", testShardRunReturns)
 	t.Run("a lost leadership ends Run, and the shard is campaigned for again", testShardLeadershipLost)
 	t.Run("a broken candidate watch is listed again", testShardBrokenWatch)
@@ -1052,6 +1055,144 @@ func testShardHandOverAtOnce(t *testing.T) {
 	etWaitCount(t, cli, ShardsPrefix+shard+"/", 2, clientv3.WithPrefix())
 	if owner, err := b.set.Owner(testCtx(t), shard); err != nil || owner != b.id {
 		t.Fatalf("Owner = %q, %v; want %s", owner, err, b.id)
+	}
+}
+
+// shLag holds back what etcd sends on a client's watches that require a
+// leader, as a slow watch stream would: a ShardSet follows the hosts and
+// the candidates on those, while its campaigns wait for their turn on
+// others.
+type shLag struct {
+	mu   sync.Mutex
+	held chan struct{} // closed by release; nil while nothing is held
+}
+
+// hold holds back, from now on, what the watches receive.
+func (l *shLag) hold() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.held == nil {
+		l.held = make(chan struct{})
+	}
+}
+
+// release hands over what was held back, and lets the rest through.
+func (l *shLag) release() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.held != nil {
+		close(l.held)
+		l.held = nil
+	}
+}
+
+func (l *shLag) gate() chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.held
+}
+
+// shLagClient returns a client made from cfg whose watches that require
+// a leader lag while held (see shLag). It is closed at the end of the
+// test.
+func shLagClient(t *testing.T, cfg clientv3.Config) (*clientv3.Client, *shLag) {
+	t.Helper()
+	lag := &shLag{}
+	cfg.DialOptions = append(slices.Clone(cfg.DialOptions), grpc.WithChainStreamInterceptor(
+		func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+			s, err := streamer(ctx, desc, cc, method, opts...)
+			md, _ := metadata.FromOutgoingContext(ctx)
+			if err != nil || method != "/etcdserverpb.Watch/Watch" || len(md.Get(rpctypes.MetadataRequireLeaderKey)) == 0 {
+				return s, err
+			}
+			return &shLagStream{ClientStream: s, lag: lag}, nil
+		}))
+	c, err := clientv3.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	t.Cleanup(lag.release)
+	return c, lag
+}
+
+type shLagStream struct {
+	grpc.ClientStream
+	lag *shLag
+}
+
+// RecvMsg returns what etcd sent once it is no longer held back.
+func (s *shLagStream) RecvMsg(m any) error {
+	err := s.ClientStream.RecvMsg(m)
+	if held := s.lag.gate(); held != nil {
+		select {
+		case <-held:
+		case <-s.Context().Done():
+		}
+	}
+	return err
+}
+
+// testShardAheadInLine: once we lead, those ahead of us in line are gone,
+// whatever our view of the candidates still says; only a better-ranked
+// candidacy behind ours is a reason to hand over.
+func testShardAheadInLine(t *testing.T) {
+	srv, cli := newEtcd(t)
+	l := newShLedger()
+	const shard = "ahead"
+	prefix := ShardsPrefix + shard + "/"
+	worse, better := shOrdered(shard, "host-a", "host-b")
+	hs := shRegister(t, srv, better, worse)
+	x, y := hs[0], hs[1]
+	opts := ShardOptions{Shards: []string{shard}}
+	x.start(t, l, opts)
+	l.waitEvent(t, 0, SignalShardAcquired, x.id, shard)
+	// y, worse ranked, queues behind x, which it lists among the
+	// candidates.
+	ycli, lag := shLagClient(t, srv.ClientConfig())
+	tap, log := newLogTap()
+	tap.dumpOnFailure(t)
+	y.set = shSet(t, ycli, y.id, l, ShardOptions{Shards: []string{shard}, Logger: log})
+	etWaitCount(t, cli, prefix, 2, clientv3.WithPrefix())
+
+	// x withdraws (it stays live, better ranked) while y's view lags: y
+	// leads, its view still listing x's candidacy, ahead of its own.
+	mark := l.mark()
+	lag.hold()
+	defer lag.release()
+	x.set.Close()
+	const acquired, handedOver = "coord: shard acquired", "coord: shard won, handed over at once"
+	eventually(t, "y deciding on its won campaign", func() bool { return tap.count(acquired)+tap.count(handedOver) > 0 })
+	if n := tap.count(handedOver); n != 0 {
+		t.Fatalf("y handed the shard over at once (%d×), for a candidacy that was ahead of its own", n)
+	}
+	won := l.waitEvent(t, mark, SignalShardAcquired, y.id, shard)
+	y.set.mu.Lock()
+	stale := slices.ContainsFunc(slices.Collect(maps.Values(y.set.cands[shard])), func(c candidate) bool {
+		return c.host == x.id && c.rev < won.Token
+	})
+	y.set.mu.Unlock()
+	if !stale {
+		t.Fatal("y's view no longer lists x's candidacy: the lag held nothing back")
+	}
+	if got := y.set.Owned(); len(got) != 1 || got[0].Token != won.Token {
+		t.Fatalf("y owns %v, want %s with token %d", got, shard, won.Token)
+	}
+
+	// y's view catches up. x campaigns again, behind y: y hands over.
+	lag.release()
+	x.start(t, l, opts)
+	rel := l.waitEvent(t, mark, SignalShardReleased, y.id, shard)
+	if !errors.Is(rel.Err, errBetterHost) || rel.Token != won.Token {
+		t.Fatalf("y released token %d because %v; want token %d, errBetterHost", rel.Token, rel.Err, won.Token)
+	}
+	l.waitEvent(t, mark, SignalShardAcquired, x.id, shard)
+	var seq []string
+	for _, ev := range l.since(mark, SignalShardAcquired) {
+		seq = append(seq, ev.Host)
+	}
+	if !slices.Equal(seq, []string{y.id, x.id}) {
+		t.Fatalf("acquired by %v; want %s once, then %s", seq, y.id, x.id)
 	}
 }
 

@@ -180,7 +180,9 @@ func shardDefaults(o ShardOptions) (ShardOptions, error) {
 
 // weight is host's rendezvous weight for shard: FNV-1a 64 of shard, a
 // zero byte and host, spread by splitmix64's finalizer (FNV alone leaves
-// weights of similar names close together).
+// weights of similar names close together). The zero byte keeps ("ab",
+// "c") apart from ("a", "bc"). It is wire format, as RankHosts is: it
+// must never change.
 func weight(shard, host string) uint64 {
 	const offset, prime = 14695981039346656037, 1099511628211
 	h := uint64(offset)
@@ -199,6 +201,11 @@ func weight(shard, host string) uint64 {
 // then by HostUUID. The top Replicas live hosts campaign for the shard and
 // the first of them that campaigns owns it, so any program can tell where
 // a shard belongs without asking etcd. hosts is not changed.
+//
+// The ranking is wire format, shared by every agent of a fleet whatever
+// its version: it must never change. Were it to, old and new agents would
+// rank differently during a rolling upgrade: more than Replicas hosts
+// might campaign for a shard, or none of them.
 func RankHosts(shard string, hosts []string) []string {
 	out := slices.Clone(hosts)
 	slices.SortFunc(out, func(a, b string) int {

@@ -19,6 +19,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/go-coord/coord/coordtest"
 )
@@ -538,6 +540,68 @@ func TestShardRanking(t *testing.T) {
 	})
 }
 
+// TestRankHosts pins the ranking with golden values: it is wire format,
+// shared by every agent of a fleet whatever its version. A change makes
+// old and new agents rank differently during a rolling upgrade: more
+// than Replicas hosts might campaign for a shard, or none. The values
+// were computed once, and checked against another implementation of
+// FNV-1a 64 and splitmix64's finalizer: they must never be regenerated.
+func TestRankHosts(t *testing.T) {
+	t.Run("weight is FNV-1a 64 of shard, a zero byte and host, spread by splitmix64", func(t *testing.T) {
+		golden := []struct {
+			shard, host string
+			want        uint64
+		}{
+			{"", "", 0x25fc6dd36ce04b20},
+			// The zero byte keeps apart what concatenation would not.
+			{"", "a", 0x16bc26fa3458bfad},
+			{"a", "", 0xd0137a57d0ef408f},
+			{"ab", "c", 0x9291f5e7171dc35a},
+			{"a", "bc", 0x82a144826e72d59e},
+			{"abc", "", 0x6b8ac9656e35720f},
+			{"", "abc", 0x162a62a8a536e445},
+			{"s", "a", 0xffd14d5b7a07997d},
+			{"s", "b", 0x716bfd52addc8f31},
+			{"shard-0000", "host-00", 0x544194b3ab55851b},
+			{"shard-0000", "host-01", 0x34f47077fd23df16},
+			{"shard-0001", "host-00", 0xbc57a8eeb07e3e31},
+			{"shard-4095", "host-32", 0x5eb38b168d830d90},
+			// UTF-8 is hashed byte by byte.
+			{"café", "hôte-é", 0x3f030bc6e4271dd6},
+			{"orders-eu", "6f1c2e9a-3b7d-4c2a-9e1f-0a5b8c7d6e4f", 0xbe445b3a049bd548},
+		}
+		for _, g := range golden {
+			if got := weight(g.shard, g.host); got != g.want {
+				t.Errorf("weight(%q, %q) = %#016x, want %#016x", g.shard, g.host, got, g.want)
+			}
+		}
+	})
+	t.Run("RankHosts orders by weight, highest first, and leaves its input alone", func(t *testing.T) {
+		hosts := []string{"host-00", "host-01", "host-02", "host-03", "host-04", "host-05"}
+		golden := []struct {
+			shard string
+			hosts []string
+			want  []string
+		}{
+			{"s", hosts, []string{"host-02", "host-04", "host-03", "host-01", "host-05", "host-00"}},
+			{"shard-0000", hosts, []string{"host-03", "host-04", "host-00", "host-01", "host-05", "host-02"}},
+			{"shard-0001", hosts, []string{"host-03", "host-05", "host-00", "host-02", "host-04", "host-01"}},
+			{"orders-eu", hosts, []string{"host-04", "host-00", "host-03", "host-02", "host-01", "host-05"}},
+			{"ab", []string{"c", "bc", "a", "abc", ""}, []string{"", "abc", "bc", "c", "a"}},
+			{"s", nil, nil},
+		}
+		for _, g := range golden {
+			in := slices.Clone(g.hosts)
+			if got := RankHosts(g.shard, in); !slices.Equal(got, g.want) {
+				t.Errorf("RankHosts(%q, %q) = %q, want %q", g.shard, g.hosts, got, g.want)
+			}
+			if !slices.Equal(in, g.hosts) {
+				t.Errorf("RankHosts(%q, ...) changed its input to %q", g.shard, in)
+			}
+		}
+	})
+}
+
 func TestShardSpread(t *testing.T) {
 	_, l, shards, hosts := shFleet(t, 64, 4)
 	shStartAll(t, l, hosts, ShardOptions{Shards: shards})
@@ -579,6 +643,119 @@ func shMoves(t *testing.T, l *shLedger, mark int, from, to map[string]string, wh
 	}
 	slices.Sort(moved)
 	return moved
+}
+
+// shTopReplicas returns, for each shard, its top replicas among live,
+// sorted: the hosts that must campaign for it.
+func shTopReplicas(shards, live []string, replicas int) map[string][]string {
+	out := map[string][]string{}
+	for _, s := range shards {
+		top := shRank(s, live)
+		out[s] = slices.Sorted(slices.Values(top[:min(replicas, len(top))]))
+	}
+	return out
+}
+
+// shCandidates returns, for each shard, the identities of its candidates
+// in etcd, sorted.
+func shCandidates(t *testing.T, cli *clientv3.Client, shards []string) map[string][]string {
+	t.Helper()
+	out := map[string][]string{}
+	for _, s := range shards {
+		var ids []string
+		for _, kv := range candidates(t, cli, ShardsPrefix+s+"/") {
+			ids = append(ids, string(kv.Value))
+		}
+		slices.Sort(ids)
+		out[s] = ids
+	}
+	return out
+}
+
+// shCampaigning returns, for each shard, the hosts whose shard set
+// campaigns for it (or runs it), sorted.
+func shCampaigning(hosts []*shHost, shards []string) map[string][]string {
+	out := map[string][]string{}
+	for _, s := range shards {
+		var ids []string
+		for _, h := range hosts {
+			h.set.mu.Lock()
+			if h.set.workers[s] != nil {
+				ids = append(ids, h.id)
+			}
+			h.set.mu.Unlock()
+		}
+		out[s] = ids
+	}
+	return out
+}
+
+// shSettleCandidates waits until each shard's candidates in etcd are its
+// top replicas live hosts (all of hosts), and are those of the campaigns
+// going on, none missing: a host that campaigns when it should not has its
+// key in etcd by then. It returns the candidates.
+func shSettleCandidates(t *testing.T, cli *clientv3.Client, shards []string, hosts []*shHost, replicas int) map[string][]string {
+	t.Helper()
+	want := shTopReplicas(shards, shIDsOf(hosts), replicas)
+	deadline := time.Now().Add(patience())
+	for {
+		got, campaigning := shCandidates(t, cli, shards), shCampaigning(hosts, shards)
+		if maps.EqualFunc(got, want, slices.Equal) && maps.EqualFunc(got, campaigning, slices.Equal) {
+			return got
+		}
+		if time.Now().After(deadline) {
+			for _, s := range shards {
+				t.Logf("%s: candidates %v, campaigning %v, want the top %d of %v: %v",
+					s, got[s], campaigning[s], replicas, shRank(s, shIDsOf(hosts)), want[s])
+			}
+			t.Fatalf("the candidates are not the top %d live hosts of each shard at the deadline", replicas)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestShardReplicas(t *testing.T) {
+	for _, replicas := range []int{1, 2} {
+		name := fmt.Sprintf("Replicas %d: the top %d live hosts of each shard campaign, and a host pushed out withdraws", replicas, replicas)
+		t.Run(name, func(t *testing.T) {
+			srv, _ := newEtcd(t)
+			cli, l := srv.Client(), newShLedger()
+			ids := shIDs(5)
+			// Shards that the host joining later tops (two), ranks second
+			// for (two), or lower (four).
+			var shards []string
+			picked := map[int]int{}
+			for _, s := range shNames(100) {
+				pos := min(slices.Index(shRank(s, ids), ids[4]), 2)
+				if picked[pos] < 2 || pos == 2 && picked[pos] < 4 {
+					picked[pos]++
+					shards = append(shards, s)
+				}
+			}
+			hosts := shRegister(t, srv, ids[:4]...)
+			opts := ShardOptions{Shards: shards, Replicas: replicas}
+			shStartAll(t, l, hosts, opts)
+			before := shSettleCandidates(t, cli, shards, hosts, replicas)
+
+			// A host joins: where it ranks among the top, the host it
+			// pushes out withdraws its candidacy.
+			joined := shRegister(t, srv, ids[4])[0]
+			hosts = append(hosts, joined.start(t, l, opts))
+			after := shSettleCandidates(t, cli, shards, hosts, replicas)
+			var pushed []string
+			for _, s := range shards {
+				for _, h := range before[s] {
+					if !slices.Contains(after[s], h) {
+						pushed = append(pushed, h+" of "+s)
+					}
+				}
+			}
+			t.Logf("%s joined: pushed out %v", joined.id, pushed)
+			if len(pushed) == 0 {
+				t.Fatalf("%s pushed no host out of any shard's top %d", joined.id, replicas)
+			}
+		})
+	}
 }
 
 func TestShardMovement(t *testing.T) {
@@ -835,11 +1012,13 @@ func TestShardPartition(t *testing.T) {
 func TestShardSet(t *testing.T) {
 	t.Run("a host not registered owns nothing until it is, and lets go of everything when its registration ends", testShardNotRegistered)
 	t.Run("a campaign won while a better-ranked host is in line hands over at once, without Run", testShardHandOverAtOnce)
+	t.Run("a better-ranked candidacy ahead of ours in line, still in our view, is no reason to hand over; one behind ours is", testShardAheadInLine)
 	t.Run("a Run that returns on its own hands the shard over, and queues again after a pause", testShardRunReturns)
 	t.Run("a lost leadership ends Run, and the shard is campaigned for again", testShardLeadershipLost)
 	t.Run("a broken candidate watch is listed again", testShardBrokenWatch)
 	t.Run("the shard sets carry on across an etcd restart", testShardRestart)
 	t.Run("Close ends every Run, waits for them, hands over, and is idempotent", testShardClose)
+	t.Run("Close waits for a Run that works on past its ctx's end", testShardCloseWaitsForRun)
 	t.Run("Owner reports the owner as etcd holds it; keys that are no candidates are skipped", testShardOwner)
 	t.Run("NewShardSet returns within its ctx when etcd cannot be reached, and fails when the hosts may not be read", testShardUnreachable)
 	t.Run("bad input is refused and nothing is written", testShardBadInput)
@@ -901,6 +1080,144 @@ func testShardHandOverAtOnce(t *testing.T) {
 	etWaitCount(t, cli, ShardsPrefix+shard+"/", 2, clientv3.WithPrefix())
 	if owner, err := b.set.Owner(testCtx(t), shard); err != nil || owner != b.id {
 		t.Fatalf("Owner = %q, %v; want %s", owner, err, b.id)
+	}
+}
+
+// shLag holds back what etcd sends on a client's watches that require a
+// leader, as a slow watch stream would: a ShardSet follows the hosts and
+// the candidates on those, while its campaigns wait for their turn on
+// others.
+type shLag struct {
+	mu   sync.Mutex
+	held chan struct{} // closed by release; nil while nothing is held
+}
+
+// hold holds back, from now on, what the watches receive.
+func (l *shLag) hold() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.held == nil {
+		l.held = make(chan struct{})
+	}
+}
+
+// release hands over what was held back, and lets the rest through.
+func (l *shLag) release() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.held != nil {
+		close(l.held)
+		l.held = nil
+	}
+}
+
+func (l *shLag) gate() chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.held
+}
+
+// shLagClient returns a client made from cfg whose watches that require
+// a leader lag while held (see shLag). It is closed at the end of the
+// test.
+func shLagClient(t *testing.T, cfg clientv3.Config) (*clientv3.Client, *shLag) {
+	t.Helper()
+	lag := &shLag{}
+	cfg.DialOptions = append(slices.Clone(cfg.DialOptions), grpc.WithChainStreamInterceptor(
+		func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+			s, err := streamer(ctx, desc, cc, method, opts...)
+			md, _ := metadata.FromOutgoingContext(ctx)
+			if err != nil || method != "/etcdserverpb.Watch/Watch" || len(md.Get(rpctypes.MetadataRequireLeaderKey)) == 0 {
+				return s, err
+			}
+			return &shLagStream{ClientStream: s, lag: lag}, nil
+		}))
+	c, err := clientv3.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	t.Cleanup(lag.release)
+	return c, lag
+}
+
+type shLagStream struct {
+	grpc.ClientStream
+	lag *shLag
+}
+
+// RecvMsg returns what etcd sent once it is no longer held back.
+func (s *shLagStream) RecvMsg(m any) error {
+	err := s.ClientStream.RecvMsg(m)
+	if held := s.lag.gate(); held != nil {
+		select {
+		case <-held:
+		case <-s.Context().Done():
+		}
+	}
+	return err
+}
+
+// testShardAheadInLine: once we lead, those ahead of us in line are gone,
+// whatever our view of the candidates still says; only a better-ranked
+// candidacy behind ours is a reason to hand over.
+func testShardAheadInLine(t *testing.T) {
+	srv, cli := newEtcd(t)
+	l := newShLedger()
+	const shard = "ahead"
+	prefix := ShardsPrefix + shard + "/"
+	worse, better := shOrdered(shard, "host-a", "host-b")
+	hs := shRegister(t, srv, better, worse)
+	x, y := hs[0], hs[1]
+	opts := ShardOptions{Shards: []string{shard}}
+	x.start(t, l, opts)
+	l.waitEvent(t, 0, SignalShardAcquired, x.id, shard)
+	// y, worse ranked, queues behind x, which it lists among the
+	// candidates.
+	ycli, lag := shLagClient(t, srv.ClientConfig())
+	tap, log := newLogTap()
+	tap.dumpOnFailure(t)
+	y.set = shSet(t, ycli, y.id, l, ShardOptions{Shards: []string{shard}, Logger: log})
+	etWaitCount(t, cli, prefix, 2, clientv3.WithPrefix())
+
+	// x withdraws (it stays live, better ranked) while y's view lags: y
+	// leads, its view still listing x's candidacy, ahead of its own.
+	mark := l.mark()
+	lag.hold()
+	defer lag.release()
+	x.set.Close()
+	const acquired, handedOver = "coord: shard acquired", "coord: shard won, handed over at once"
+	eventually(t, "y deciding on its won campaign", func() bool { return tap.count(acquired)+tap.count(handedOver) > 0 })
+	if n := tap.count(handedOver); n != 0 {
+		t.Fatalf("y handed the shard over at once (%d×), for a candidacy that was ahead of its own", n)
+	}
+	won := l.waitEvent(t, mark, SignalShardAcquired, y.id, shard)
+	y.set.mu.Lock()
+	stale := slices.ContainsFunc(slices.Collect(maps.Values(y.set.cands[shard])), func(c candidate) bool {
+		return c.host == x.id && c.rev < won.Token
+	})
+	y.set.mu.Unlock()
+	if !stale {
+		t.Fatal("y's view no longer lists x's candidacy: the lag held nothing back")
+	}
+	if got := y.set.Owned(); len(got) != 1 || got[0].Token != won.Token {
+		t.Fatalf("y owns %v, want %s with token %d", got, shard, won.Token)
+	}
+
+	// y's view catches up. x campaigns again, behind y: y hands over.
+	lag.release()
+	x.start(t, l, opts)
+	rel := l.waitEvent(t, mark, SignalShardReleased, y.id, shard)
+	if !errors.Is(rel.Err, errBetterHost) || rel.Token != won.Token {
+		t.Fatalf("y released token %d because %v; want token %d, errBetterHost", rel.Token, rel.Err, won.Token)
+	}
+	l.waitEvent(t, mark, SignalShardAcquired, x.id, shard)
+	var seq []string
+	for _, ev := range l.since(mark, SignalShardAcquired) {
+		seq = append(seq, ev.Host)
+	}
+	if !slices.Equal(seq, []string{y.id, x.id}) {
+		t.Fatalf("acquired by %v; want %s once, then %s", seq, y.id, x.id)
 	}
 }
 
@@ -1032,6 +1349,43 @@ func testShardClose(t *testing.T) {
 	}
 	if _, err := a.set.Owner(ctx, shards[1]); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Owner after Close: %v, want ErrClosed", err)
+	}
+}
+
+func testShardCloseWaitsForRun(t *testing.T) {
+	srv, _ := newEtcd(t)
+	l := newShLedger()
+	const drain = 300 * time.Millisecond
+	var (
+		cause    error
+		returned time.Time
+		done     = make(chan struct{}) // closed once Run has returned
+	)
+	a := shRegister(t, srv, "a")[0]
+	a.start(t, l, ShardOptions{Shards: []string{"s"}, Run: func(ctx context.Context, s Shard) {
+		defer close(done)
+		<-ctx.Done()
+		cause = context.Cause(ctx)
+		// The work goes on for a while after the ctx ended: fenced writes,
+		// which hold as long as we have not resigned.
+		for end := time.Now().Add(drain); time.Now().Before(end); time.Sleep(shPace) {
+			l.write(a.cli, a.id, s)
+		}
+		returned = time.Now()
+	}})
+	l.waitEvent(t, 0, SignalShardAcquired, a.id, "s")
+	start := time.Now()
+	a.set.Close()
+	closed := time.Now()
+	if !isClosed(done) {
+		t.Fatalf("Close returned after %v, before the Run, working %v past its ctx's end, returned", closed.Sub(start), drain)
+	}
+	t.Logf("Close took %v; the Run returned %v before it returned", closed.Sub(start), closed.Sub(returned))
+	if !errors.Is(cause, ErrClosed) || returned.Sub(start) < drain {
+		t.Fatalf("the Run returned %v after Close began, its ctx ended because %v; want after %v, ErrClosed", returned.Sub(start), cause, drain)
+	}
+	if n := len(l.acked()); n == 0 {
+		t.Fatal("no fenced write of the Run's work held")
 	}
 }
 

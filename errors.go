@@ -56,6 +56,9 @@ var (
 	// ErrInvalidShards is returned for ShardOptions whose Shards, Self or
 	// Run are missing or invalid.
 	ErrInvalidShards = errors.New("coord: invalid shards")
+	// ErrHostGone is why a ShardSet tied to our registration
+	// (ShardOptions.Host) ended: the registration ended for good.
+	ErrHostGone = errors.New("coord: host registration gone")
 )
 
 // fatal returns the error that ends the caller's work for good when err

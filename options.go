@@ -37,6 +37,8 @@ const (
 	// DefaultShardReplicas is the default ShardOptions.Replicas: an owner
 	// and one standby per shard.
 	DefaultShardReplicas = 2
+	// DefaultShardMaxMoves is the default ShardOptions.MaxMoves.
+	DefaultShardMaxMoves = 8
 	// DefaultShardTTL is the default TTL of a ShardSet's shared sessions.
 	DefaultShardTTL = 10 * time.Second
 
@@ -136,15 +138,20 @@ type PoolOptions struct {
 	OnSignal func(Signal)
 }
 
-// ShardOptions configures NewShardSet. Shards, Self and Run are required;
-// the other fields' zero values take the defaults.
+// ShardOptions configures NewShardSet. Shards, Run, and Host or Self are
+// required; the other fields' zero values take the defaults.
 type ShardOptions struct {
 	// Shards names the shards: unique, each a clean key segment
-	// (non-empty, without "/"). Every host of the fleet should list the
-	// same shards.
+	// (non-empty, without "/", not starting with "@", which the set's own
+	// keys use). Every member of the fleet should list the same shards.
 	Shards []string
+	// Host is our registration: Self is its HostUUID and HostPrefix its
+	// prefix. When it ends for good (Stop, taken over), every Run's ctx
+	// ends, we own nothing, and the set ends with ErrHostGone.
+	Host *HostLiveness
 	// Self is this host's HostUUID, registered (by RegisterHostLiveness)
-	// under HostPrefix: while it is not live, we own nothing.
+	// under HostPrefix, when Host is nil: while its key is not there, we
+	// own nothing.
 	Self string
 	// Run does a shard's work while we own it, in a goroutine of its own.
 	// Its ctx ends when we must let go (context.Cause says why); we hand
@@ -155,9 +162,20 @@ type ShardOptions struct {
 	Prefix string
 	// HostPrefix under which the hosts register; default HostsPrefix.
 	HostPrefix string
-	// Replicas is how many hosts campaign for each shard: the owner and
+	// Replicas is how many members campaign for each shard: the owner and
 	// its standbys. 0 means DefaultShardReplicas; negative is an error.
 	Replicas int
+	// Weight is our capacity relative to the other members': a member of
+	// weight 2 owns about twice the shards of one of weight 1. 0 means 1;
+	// negative, NaN or infinite is an error.
+	Weight float64
+	// Zone is our failure domain: a shard's Replicas candidates are in
+	// distinct zones while there are at least that many. Empty is a zone.
+	Zone string
+	// MaxMoves bounds the shards we campaign to take over at once from
+	// another live member; a shard without an owner is taken at once. 0
+	// means DefaultShardMaxMoves; negative is an error.
+	MaxMoves int
 	// TTL of the shared sessions of the shard elections: a whole number
 	// of seconds. Default 10s.
 	TTL time.Duration
@@ -223,8 +241,8 @@ func checkElectionKey(key string) error {
 
 // checkShardName checks that a shard name is a clean key segment.
 func checkShardName(name string) error {
-	if name == "" || strings.Contains(name, "/") {
-		return fmt.Errorf("%w: shard %q (want non-empty, without \"/\")", ErrInvalidShards, name)
+	if name == "" || strings.Contains(name, "/") || strings.HasPrefix(name, "@") {
+		return fmt.Errorf("%w: shard %q (want non-empty, without \"/\", not starting with \"@\")", ErrInvalidShards, name)
 	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -15,24 +16,32 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
-// ShardSet spreads work, split into named shards, over the live hosts of
-// a fleet. Every host ranks each shard's live hosts by rendezvous (highest
-// random weight) hashing of the shard name and the HostUUID; the top
-// Replicas hosts campaign in the shard's election (at Prefix+name, identity
-// Self), and the best-ranked one that campaigns owns the shard: a host
-// joining or leaving moves about K/N of K shards, and only to or from it.
+// ShardSet spreads work, split into named shards, over the members of a
+// fleet: the live hosts that run a ShardSet on the same Prefix. Each
+// member announces itself under Prefix (its Weight, Zone and whether it
+// drains), on a lease it keeps alive. Every member ranks each shard's live
+// members by weighted rendezvous (highest random weight) hashing of the
+// shard name and the HostUUID; the top Replicas (spread over zones)
+// campaign in the shard's election (at Prefix+name, identity Self), and
+// the best-ranked one that campaigns owns the shard: a member joining or
+// leaving moves only its share, and only to or from it. A host that only
+// registers liveness, or runs a set on another Prefix, takes no slot.
 //
 // While we own a shard, Run runs with its fencing token and Guard. Its ctx
-// ends when we must let go (context.Cause says why): a better-ranked host
-// is campaigning for the shard, we no longer rank among the top Replicas,
-// our leadership ended, Self is no longer live, the client was closed, or
-// Close. Once Run returns we resign, and the next candidate, already in
-// line, owns the shard: a handoff has no overlap, and a gap of Run's drain
-// plus a couple of etcd round trips. A standby better ranked than the
-// owner waits for that handoff; it never preempts. A Run that returns
-// before its ctx ends gives the shard up the same way; we queue again
-// after a pause. If etcd refuses for good to let us watch the hosts
-// (permission denied), no host is live to us any more: we own nothing.
+// ends when we must let go (context.Cause says why): a better-ranked
+// member is campaigning for the shard, we no longer rank among its
+// candidates, our leadership ended, we are not live, we drain, the client
+// was closed, our registration is gone, or Close. Once Run returns we
+// resign, and the next candidate, already in line, owns the shard: a
+// handoff has no overlap, and a gap of Run's drain plus a couple of etcd
+// round trips. A standby better ranked than the owner waits for that
+// handoff; it never preempts, and we take over at most MaxMoves shards
+// at once from another live member (a shard without an owner is taken at
+// once). A Run that returns before its ctx ends gives the shard up the
+// same way; we queue again after a pause.
+//
+// Decisions are taken on complete views only: nothing is campaigned for
+// before the live hosts, the members and the candidates are all read.
 //
 // It is safe for concurrent use.
 type ShardSet struct {
@@ -47,17 +56,27 @@ type ShardSet struct {
 	ctx        context.Context
 	cancel     context.CancelCauseFunc
 	stopClient func() bool
+	stopHost   func() bool
 	hostsEnded chan struct{} // closed when the host watcher's events end
-	ready      chan struct{} // closed once the hosts and the candidates are known
+	ready      chan struct{} // closed once the hosts, members and candidates are known
 	readyOnce  sync.Once
-	wg         sync.WaitGroup // the followers and the workers
+	reannounce chan struct{}  // asks keepAnnounced to put our member key again
+	wg         sync.WaitGroup // the followers, the announcer and the workers
+	leases     sync.WaitGroup // our member sessions' goroutines
 	runs       sync.WaitGroup // the Runs; added to under mu while ctx lives
-	closeOnce  sync.Once
+	endOnce    sync.Once
+	done       chan struct{} // closed once the set has ended and every Run returned
 
 	mu          sync.Mutex
-	live        map[string]bool                 // live hosts, Self included
+	hosts       map[string]bool                 // live hosts, Self included
+	members     map[string]ShardMember          // announced members, by HostUUID
 	cands       map[string]map[string]candidate // by shard, by candidate key
 	workers     map[string]*shardWorker         // by shard: the one that campaigns or runs it
+	memberSess  *session                        // the session our member key is on
+	draining    bool
+	moves       int             // our campaigns to take a shard over from another live member
+	waitMove    map[string]bool // shards we want, waiting for a move slot
+	idle        chan struct{}   // closed while we have no worker; see Drain
 	hostsSynced bool
 	candsListed bool
 }
@@ -87,24 +106,29 @@ type shardWorker struct {
 	stopRun context.CancelCauseFunc // ends Run's ctx; nil unless Run runs
 	e       *Election               // the election of the Run that runs
 	owned   Shard                   // what that Run was given
+	move    bool                    // it counts in ShardSet.moves
 }
 
 // Why a Run's ctx ended, besides ErrClosed, ErrClientClosed and a lost
 // leadership.
 var (
-	errBetterHost  = errors.New("a better-ranked host is campaigning for the shard")
-	errNotRanked   = errors.New("no longer among the top replicas of the shard")
-	errNotLive     = errors.New("our host is not live")
-	errRunReturned = errors.New("the shard's Run returned before its ctx ended")
+	errBetterHost     = errors.New("a better-ranked member is campaigning for the shard")
+	errNotRanked      = errors.New("no longer among the shard's candidates")
+	errNotLive        = errors.New("we are not a live member")
+	errDraining       = errors.New("draining")
+	errRunReturned    = errors.New("the shard's Run returned before its ctx ended")
+	errAnnounceFailed = errors.New("member key could not be put")
 )
 
-// NewShardSet starts taking part in the shards of opts. It returns once it
-// knows the live hosts and the shards' candidates, within ctx, which bounds
-// that only: the shard set lives until Close, or until the client is
-// closed. It checks its options: a nil client is ErrNilClient; missing or
-// invalid Shards, Self, Run or Replicas ErrInvalidShards; a bad prefix
-// ErrInvalidKey; a bad TTL ErrInvalidTTL; a negative KeysPerSession
-// ErrInvalidKeysPerSession. Nothing is written on bad input.
+// NewShardSet starts taking part in the shards of opts: it announces us as
+// a member, and returns once it knows the live hosts, the members and the
+// shards' candidates, within ctx, which bounds that only. The shard set
+// lives until Close, until the client is closed, or until our
+// registration (opts.Host) ends. It checks its options: a nil client is
+// ErrNilClient; missing or invalid Shards, Host, Self, Run, Replicas,
+// Weight or MaxMoves ErrInvalidShards; a bad prefix ErrInvalidKey; a bad
+// TTL ErrInvalidTTL; a negative KeysPerSession ErrInvalidKeysPerSession.
+// Nothing is written on bad input.
 func NewShardSet(ctx context.Context, cli *clientv3.Client, opts ShardOptions) (*ShardSet, error) {
 	opts, err := shardDefaults(opts)
 	if err != nil {
@@ -123,43 +147,91 @@ func NewShardSet(ctx context.Context, cli *clientv3.Client, opts ShardOptions) (
 		pool.Close()
 		return nil, err
 	}
+	s := newShardSet(cli, opts, pool, w)
+	if err = s.start(ctx); err == nil {
+		return s, nil
+	}
+	// Within ctx: a member lease being granted is revoked when it comes
+	// (see startSession), without us.
+	s.endOnce.Do(func() {
+		s.stop(ErrClosed)
+		close(s.done)
+	})
+	return nil, opErr(fmt.Sprintf("shard set of %q", opts.Self), err)
+}
+
+func newShardSet(cli *clientv3.Client, opts ShardOptions, pool *ElectionPool, w *HostWatcher) *ShardSet {
 	s := &ShardSet{cli: cli, opts: opts, log: logger(opts.Logger), pool: pool, w: w,
-		hostsEnded: make(chan struct{}), ready: make(chan struct{}),
-		live: map[string]bool{}, cands: map[string]map[string]candidate{}, workers: map[string]*shardWorker{}}
+		hostsEnded: make(chan struct{}), ready: make(chan struct{}), reannounce: make(chan struct{}, 1),
+		done: make(chan struct{}), idle: closedChan, hosts: map[string]bool{}, members: map[string]ShardMember{},
+		cands: map[string]map[string]candidate{}, workers: map[string]*shardWorker{}, waitMove: map[string]bool{}}
 	for _, name := range opts.Shards {
 		s.cands[name] = map[string]candidate{}
 	}
 	s.ctx, s.cancel = context.WithCancelCause(context.Background())
-	s.stopClient = context.AfterFunc(cli.Ctx(), func() { s.cancel(ErrClientClosed) })
-	s.wg.Add(2)
+	s.stopClient = context.AfterFunc(cli.Ctx(), func() { s.end(ErrClientClosed) })
+	if h := opts.Host; h != nil {
+		go func() {
+			select {
+			case <-h.Done():
+				s.log.Info("coord: shard set: our registration ended, owning nothing", "err", h.Err())
+				s.end(ErrHostGone)
+			case <-s.ctx.Done():
+			}
+		}()
+	}
+	return s
+}
+
+// start announces us, follows the hosts, the members and the candidates,
+// and waits, within ctx, until all are known.
+func (s *ShardSet) start(ctx context.Context) error {
+	sess, err := startSession(ctx, s.ctx, s.cli, s.opts.TTL, s.log, &s.leases)
+	if err != nil {
+		return err
+	}
+	s.memberSess = sess
+	if err := s.announce(ctx, sess); err != nil {
+		return err
+	}
+	s.wg.Add(3)
+	go s.keepAnnounced(sess)
 	go s.followHosts()
 	go s.followCandidates()
 	select {
 	case <-s.ready:
-		return s, nil
+		return nil
 	case <-s.hostsEnded:
 		// Our watcher's ctx has not ended: Err says why it did.
-		err = w.Err()
+		return s.w.Err()
 	case <-ctx.Done():
-		err = ctx.Err()
+		return ctx.Err()
 	}
-	s.Close()
-	return nil, opErr(fmt.Sprintf("shard set of %q", opts.Self), err)
 }
 
 // shardDefaults checks what can be checked of opts without etcd, and
 // applies the defaults.
 func shardDefaults(o ShardOptions) (ShardOptions, error) {
-	if len(o.Shards) == 0 || o.Run == nil || o.Replicas < 0 {
-		return o, fmt.Errorf("%w: want Shards, Run and Replicas >= 0", ErrInvalidShards)
+	if len(o.Shards) == 0 || o.Run == nil || o.Replicas < 0 || o.MaxMoves < 0 ||
+		o.Weight < 0 || math.IsNaN(o.Weight) || math.IsInf(o.Weight, 0) {
+		return o, fmt.Errorf("%w: want Shards, Run, Replicas >= 0, MaxMoves >= 0 and a finite Weight >= 0", ErrInvalidShards)
 	}
+	if h := o.Host; h != nil {
+		prefix := strings.TrimSuffix(h.key, h.id)
+		if o.Self != "" && o.Self != h.id || o.HostPrefix != "" && o.HostPrefix != prefix {
+			return o, fmt.Errorf("%w: Self %q and HostPrefix %q are not those of Host (%q under %q)", ErrInvalidShards, o.Self, o.HostPrefix, h.id, prefix)
+		}
+		o.Self, o.HostPrefix = h.id, prefix
+	}
+	o.Weight = cmp.Or(o.Weight, 1)
+	o.MaxMoves = cmp.Or(o.MaxMoves, DefaultShardMaxMoves)
 	if checkHostUUID(o.Self) != nil {
 		return o, fmt.Errorf("%w: Self %q (want a HostUUID: non-empty UTF-8, without \"/\")", ErrInvalidShards, o.Self)
 	}
 	seen := map[string]bool{}
 	for _, name := range o.Shards {
 		if err := checkShardName(name); err != nil || seen[name] {
-			return o, fmt.Errorf("%w: shard %q (want unique, non-empty, without \"/\")", ErrInvalidShards, name)
+			return o, fmt.Errorf("%w: shard %q (want unique, non-empty, without \"/\", not starting with \"@\")", ErrInvalidShards, name)
 		}
 		seen[name] = true
 	}
@@ -224,40 +296,60 @@ func ranksBefore(shard, a, b string) bool {
 	return wa > wb || wa == wb && a < b
 }
 
-// wantLocked reports whether we want shard: Self is live and among its
-// top Replicas live hosts.
+// wantLocked reports whether we want shard: we are among its candidates;
+// or, draining, we run it and its next candidate is not in line yet.
 func (s *ShardSet) wantLocked(shard string) bool {
-	if !s.live[s.opts.Self] {
-		return false
+	if s.draining {
+		_, live := s.memberLocked(s.opts.Self)
+		w := s.workers[shard]
+		return live && w != nil && w.stopRun != nil
 	}
-	ahead := 0
-	for h := range s.live {
-		if ranksBefore(shard, h, s.opts.Self) {
-			ahead++
-		}
-	}
-	return ahead < s.opts.Replicas
+	return s.rankedLocked(shard)
 }
 
 // outranked reports whether one of cands, in line behind our leadership
 // of shard with token, ranks before us: we must hand over to it. Those
 // ahead in line are gone, whatever cands still says: we would not lead
-// otherwise. A candidacy is proof enough that its host is live and ranks
-// among the top Replicas (it would have withdrawn otherwise): our view of
-// the hosts may lag behind it.
+// otherwise. A candidacy is proof enough that its host is live and among
+// the shard's candidates (it would have withdrawn otherwise): our view of
+// the members may lag behind it.
 func (s *ShardSet) outranked(shard string, token int64, cands map[string]candidate) bool {
+	self := s.selfLocked()
 	for _, c := range cands {
-		if c.rev > token && ranksBefore(shard, c.host, s.opts.Self) {
+		if c.rev > token && memberBefore(shard, s.rankOf(c.host), self) {
 			return true
 		}
 	}
 	return false
 }
 
-// reconcileLocked brings shard's worker in line with the hosts and the
-// candidates: it starts one when we want the shard, ends its term when we
-// no longer do, and ends its Run when a better-ranked host campaigns.
-// Nothing is decided before both are known, nor after the end.
+// rankOf returns what ranks host: its member record, or the defaults for
+// a member not seen yet.
+func (s *ShardSet) rankOf(host string) ShardMember {
+	if m, ok := s.members[host]; ok {
+		return m
+	}
+	return ShardMember{HostUUID: host, Weight: 1}
+}
+
+// takeoverLocked reports whether campaigning for shard would take it over
+// from another live member, which owns it and ranks after us.
+func (s *ShardSet) takeoverLocked(shard string) bool {
+	var owner candidate
+	for _, c := range s.cands[shard] {
+		if owner.rev == 0 || c.rev < owner.rev {
+			owner = c
+		}
+	}
+	m, live := s.memberLocked(owner.host)
+	return owner.rev != 0 && owner.host != s.opts.Self && live && memberBefore(shard, s.selfLocked(), m)
+}
+
+// reconcileLocked brings shard's worker in line with the members and the
+// candidates: it starts one when we want the shard (a takeover waits for
+// a move slot), ends its term when we no longer do, and ends its Run when
+// a better-ranked member campaigns. Nothing is decided before all are
+// known, nor after the end.
 func (s *ShardSet) reconcileLocked(shard string) {
 	if !s.hostsSynced || !s.candsListed || s.ctx.Err() != nil {
 		return
@@ -266,26 +358,77 @@ func (s *ShardSet) reconcileLocked(shard string) {
 	w := s.workers[shard]
 	switch {
 	case w == nil && want:
-		w = &shardWorker{name: shard, key: s.opts.Prefix + shard, log: s.log.With("shard", shard)}
-		s.workers[shard] = w
-		s.wg.Add(1)
-		go s.work(w)
-	case w == nil:
-	case !want:
-		cause := errNotRanked
-		if !s.live[s.opts.Self] {
-			cause = errNotLive
+		move := s.takeoverLocked(shard)
+		if move && s.moves >= s.opts.MaxMoves {
+			s.waitMove[shard] = true
+			return
 		}
+		delete(s.waitMove, shard)
+		w = &shardWorker{name: shard, key: s.opts.Prefix + shard, log: s.log.With("shard", shard), move: move}
+		if move {
+			s.moves++
+		}
+		s.startLocked(w)
+	case w == nil:
+		delete(s.waitMove, shard)
+	case !want:
 		if w.endTerm != nil {
-			w.endTerm(cause)
+			w.endTerm(s.whyNotLocked())
 		}
 	case w.stopRun != nil && s.outranked(shard, w.owned.Token, s.cands[shard]):
 		w.stopRun(errBetterHost)
 	}
 }
 
-// reconcileAllLocked reconciles every shard, once the hosts and the
-// candidates are both known.
+// whyNotLocked says why we no longer want a shard.
+func (s *ShardSet) whyNotLocked() error {
+	if _, live := s.memberLocked(s.opts.Self); !live {
+		return errNotLive
+	}
+	if s.draining {
+		return errDraining
+	}
+	return errNotRanked
+}
+
+// startLocked starts worker w.
+func (s *ShardSet) startLocked(w *shardWorker) {
+	if len(s.workers) == 0 {
+		s.idle = make(chan struct{})
+	}
+	s.workers[w.name] = w
+	s.wg.Add(1)
+	go s.work(w)
+}
+
+// forgetLocked forgets worker w, whose last term is over.
+func (s *ShardSet) forgetLocked(w *shardWorker) {
+	delete(s.workers, w.name)
+	s.endMoveLocked(w)
+	if len(s.workers) == 0 {
+		close(s.idle)
+	}
+}
+
+// endMoveLocked gives back w's move slot, if it holds one, to a shard
+// waiting for one.
+func (s *ShardSet) endMoveLocked(w *shardWorker) {
+	if !w.move {
+		return
+	}
+	w.move = false
+	s.moves--
+	for shard := range s.waitMove {
+		if s.moves >= s.opts.MaxMoves {
+			return
+		}
+		delete(s.waitMove, shard)
+		s.reconcileLocked(shard)
+	}
+}
+
+// reconcileAllLocked reconciles every shard, once the hosts, the members
+// and the candidates are all known.
 func (s *ShardSet) reconcileAllLocked() {
 	if s.hostsSynced && s.candsListed {
 		s.readyOnce.Do(func() { close(s.ready) })
@@ -303,9 +446,13 @@ func (s *ShardSet) update(f func()) {
 	s.reconcileAllLocked()
 }
 
+// hostBatch bounds the host events applied before the shards are
+// reconciled: a burst (a snapshot, a fleet starting) is one reconcile.
+const hostBatch = 1024
+
 // followHosts keeps the set of live hosts from the watcher's events. When
 // they end (Close, the client closed, etcd refusing the watch), no host is
-// live any more: every shard is let go.
+// live any more: every shard is let go, and a refusal ends the set.
 func (s *ShardSet) followHosts() {
 	defer s.wg.Done()
 	defer close(s.hostsEnded)
@@ -315,16 +462,13 @@ func (s *ShardSet) followHosts() {
 		case ev, ok := <-s.w.Events():
 			if !ok {
 				s.log.Info("coord: shard set: host watcher ended", "err", s.w.Err())
-				s.update(func() { clear(s.live) })
+				s.update(func() { clear(s.hosts) })
+				if err := s.w.Err(); err != nil {
+					go s.end(err)
+				}
 				return
 			}
-			s.update(func() {
-				if ev.Kind == HostDown {
-					delete(s.live, ev.HostUUID)
-				} else {
-					s.live[ev.HostUUID] = true
-				}
-			})
+			s.update(func() { s.noteHostsLocked(ev) })
 		case <-synced:
 			synced = nil
 			s.update(func() { s.hostsSynced = true })
@@ -332,9 +476,29 @@ func (s *ShardSet) followHosts() {
 	}
 }
 
-// followCandidates keeps every shard's candidates: it lists them, then
-// watches, and lists again whenever the watch breaks (compaction, lost
-// leader, refusal), until the shard set ends.
+// noteHostsLocked applies ev, and the events that are ready after it, up
+// to hostBatch.
+func (s *ShardSet) noteHostsLocked(ev HostEvent) {
+	for range hostBatch {
+		if ev.Kind == HostDown {
+			delete(s.hosts, ev.HostUUID)
+		} else {
+			s.hosts[ev.HostUUID] = true
+		}
+		var ok bool
+		select {
+		case ev, ok = <-s.w.Events():
+		default:
+		}
+		if !ok {
+			return
+		}
+	}
+}
+
+// followCandidates keeps the members and every shard's candidates: it
+// lists them, then watches, and lists again whenever the watch breaks
+// (compaction, lost leader, refusal), until the shard set ends.
 func (s *ShardSet) followCandidates() {
 	defer s.wg.Done()
 	var r retry
@@ -345,8 +509,12 @@ func (s *ShardSet) followCandidates() {
 				for shard := range s.cands {
 					s.cands[shard] = map[string]candidate{}
 				}
+				clear(s.members)
 				for _, kv := range resp.Kvs {
 					s.noteLocked(kv, false)
+				}
+				if _, ok := s.members[s.opts.Self]; !ok {
+					s.askReannounceLocked()
 				}
 				s.candsListed = true
 			})
@@ -360,8 +528,8 @@ func (s *ShardSet) followCandidates() {
 	}
 }
 
-// watchCandidates applies the candidates' changes from rev on, until the
-// watch breaks (its error) or the shard set ends (nil).
+// watchCandidates applies the members' and candidates' changes from rev
+// on, until the watch breaks (its error) or the shard set ends (nil).
 func (s *ShardSet) watchCandidates(rev int64, r *retry) error {
 	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(s.ctx))
 	defer cancel()
@@ -371,20 +539,32 @@ func (s *ShardSet) watchCandidates(rev int64, r *retry) error {
 		}
 		*r = retry{}
 		s.mu.Lock()
+		all := false
 		for _, ev := range wr.Events {
-			if shard, ok := s.noteLocked(ev.Kv, ev.Type == mvccpb.DELETE); ok {
+			shard, members := s.noteLocked(ev.Kv, ev.Type == mvccpb.DELETE)
+			if members {
+				all = true
+			} else if shard != "" && !all {
 				s.reconcileLocked(shard)
 			}
+		}
+		if all {
+			s.reconcileAllLocked()
 		}
 		s.mu.Unlock()
 	}
 	return nil
 }
 
-// noteLocked records a candidate key put or deleted, and returns its
-// shard; keys that are not candidates of our shards are skipped.
-func (s *ShardSet) noteLocked(kv *mvccpb.KeyValue, deleted bool) (string, bool) {
+// noteLocked records a member or candidate key put or deleted. It returns
+// the candidate's shard, or whether the members changed; keys that are
+// neither members nor candidates of our shards are skipped.
+func (s *ShardSet) noteLocked(kv *mvccpb.KeyValue, deleted bool) (shard string, members bool) {
 	shard, lease, ok := strings.Cut(strings.TrimPrefix(string(kv.Key), s.opts.Prefix), "/")
+	if shard == ShardMemberSegment && ok {
+		s.noteMemberLocked(kv, lease, deleted)
+		return "", true
+	}
 	cands, known := s.cands[shard]
 	if !ok || !known || strings.Contains(lease, "/") {
 		return "", false
@@ -394,7 +574,33 @@ func (s *ShardSet) noteLocked(kv *mvccpb.KeyValue, deleted bool) (string, bool) 
 	} else {
 		cands[string(kv.Key)] = candidate{host: string(kv.Value), rev: kv.CreateRevision}
 	}
-	return shard, true
+	return shard, false
+}
+
+// noteMemberLocked records host's member key put or deleted; ours, deleted
+// while we live, is put again.
+func (s *ShardSet) noteMemberLocked(kv *mvccpb.KeyValue, host string, deleted bool) {
+	m, ok := decodeMember(s.opts.Prefix, kv)
+	switch {
+	case deleted:
+		delete(s.members, host)
+		if host == s.opts.Self {
+			s.askReannounceLocked()
+		}
+	case !ok:
+		s.log.Warn("coord: shard set: skipping a member key that is not a member's", "key", string(kv.Key))
+		delete(s.members, host)
+	default:
+		s.members[host] = m
+	}
+}
+
+// askReannounceLocked asks keepAnnounced to put our member key again.
+func (s *ShardSet) askReannounceLocked() {
+	select {
+	case s.reannounce <- struct{}{}:
+	default:
+	}
 }
 
 // work serves w's shard, one term after another, for as long as we want
@@ -424,7 +630,7 @@ func (s *ShardSet) beginTerm(w *shardWorker) (context.Context, context.CancelCau
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.wantLocked(w.name) || s.ctx.Err() != nil {
-		delete(s.workers, w.name)
+		s.forgetLocked(w)
 		return nil, nil
 	}
 	term, end := context.WithCancelCause(s.ctx)
@@ -484,6 +690,7 @@ func (s *ShardSet) hold(w *shardWorker, e *Election, term context.Context) error
 	stop(errRunReturned)
 	s.mu.Lock()
 	w.stopRun = nil
+	s.reconcileLocked(w.name) // draining, we want it no more
 	s.mu.Unlock()
 	w.log.Info("coord: shard released", "token", sh.Token, "drain", drain, "why", cause)
 	emit(s.opts.OnSignal, Signal{Kind: SignalShardReleased, Host: s.opts.Self, Key: w.name, Token: sh.Token, Drain: drain, Err: cause})
@@ -511,6 +718,7 @@ func (s *ShardSet) acquire(w *shardWorker, e *Election, term context.Context) (c
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.endMoveLocked(w) // moved, or handed on at once: either way, not in flight
 	done := e.Done()
 	sh := Shard{Name: w.name, Token: e.Token(), Guard: e.Guard()}
 	if sh.Token == 0 || term.Err() != nil ||
@@ -565,23 +773,82 @@ func (s *ShardSet) Owner(ctx context.Context, shard string) (string, error) {
 	return string(resp.Kvs[0].Value), nil
 }
 
-// Close ends every Run's ctx (its cause is ErrClosed), stops the host
-// watcher, waits for every Run to return, then closes the elections' pool:
-// its sessions' revokes take all our candidacies at once (the next
-// candidates take over). It waits for the Runs as long as they take; the
-// rest is bounded by about one TTL, however etcd answers. It is idempotent
-// and returns nil.
-func (s *ShardSet) Close() error {
-	s.closeOnce.Do(func() {
-		// Under mu: no Run starts once it is cancelled (see acquire).
-		s.mu.Lock()
-		s.cancel(ErrClosed)
+// Drain hands every shard we own over to its next candidate and takes
+// none: we announce that we drain, so that the other members rank us
+// last, our standby candidacies are withdrawn, and each Run's ctx ends
+// once the shard's next candidate is in line (their MaxMoves bound how
+// many at once). It returns nil once we own nothing and have no candidacy
+// left, or ctx's error, the drain going on. With no other member to take
+// a shard, we keep it. Close after Drain hands over nothing more.
+func (s *ShardSet) Drain(ctx context.Context) error {
+	what := fmt.Sprintf("drain shard set of %q", s.opts.Self)
+	s.mu.Lock()
+	if err := context.Cause(s.ctx); err != nil {
 		s.mu.Unlock()
-		s.w.Close()
-		s.runs.Wait()
-		s.pool.Close()
-		s.wg.Wait()
-		s.stopClient()
-	})
+		return opErr(what, err)
+	}
+	if !s.draining {
+		s.draining = true
+		s.log.Info("coord: shard set: draining")
+		s.askReannounceLocked()
+		s.reconcileAllLocked()
+	}
+	idle := s.idle
+	s.mu.Unlock()
+	if !within(ctx, idle) {
+		return opErr(what, ctx.Err())
+	}
 	return nil
+}
+
+// Done returns a channel closed once the shard set has ended (Close, the
+// client closed, our registration gone, a refusal) and every Run has
+// returned.
+func (s *ShardSet) Done() <-chan struct{} { return s.done }
+
+// Err says why the shard set ended: nil while it lives and after Close;
+// ErrClientClosed, ErrHostGone, or etcd's refusal to let us watch.
+func (s *ShardSet) Err() error {
+	select {
+	case <-s.done:
+	default:
+		return nil
+	}
+	if err := context.Cause(s.ctx); !errors.Is(err, ErrClosed) {
+		return err
+	}
+	return nil
+}
+
+// Close ends every Run's ctx (its cause is ErrClosed), stops the host
+// watcher, waits for every Run to return, then closes the elections' pool
+// and our member session: their revokes take all our candidacies at once
+// (the next candidates take over). It waits for the Runs as long as they
+// take; the rest is bounded by about one TTL, however etcd answers. It is
+// idempotent and returns nil.
+func (s *ShardSet) Close() error {
+	s.end(ErrClosed)
+	return nil
+}
+
+// end ends the shard set with cause, as Close says, once.
+func (s *ShardSet) end(cause error) {
+	s.endOnce.Do(func() {
+		s.stop(cause)
+		s.leases.Wait()
+		close(s.done)
+	})
+}
+
+// stop ends the Runs, then the rest, with cause.
+func (s *ShardSet) stop(cause error) {
+	// Under mu: no Run starts once it is cancelled (see acquire).
+	s.mu.Lock()
+	s.cancel(cause)
+	s.mu.Unlock()
+	s.w.Close()
+	s.runs.Wait()
+	s.pool.Close()
+	s.wg.Wait()
+	s.stopClient()
 }

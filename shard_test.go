@@ -1032,8 +1032,9 @@ func testShardNotRegistered(t *testing.T) {
 	s.mu.Lock()
 	n := len(s.workers)
 	s.mu.Unlock()
-	if n != 0 || len(s.Owned()) != 0 || keyCount(t, cli, ShardsPrefix) != 0 {
-		t.Fatalf("%d workers, owned %v, %d keys before x is registered", n, s.Owned(), keyCount(t, cli, ShardsPrefix))
+	// Our member key is all we wrote.
+	if n != 0 || len(s.Owned()) != 0 || keyCount(t, cli, ShardsPrefix) != 1 || keyCount(t, cli, memberKey(ShardsPrefix, "x")) != 1 {
+		t.Fatalf("%d workers, owned %v, %d keys before x is registered, want only its member key", n, s.Owned(), keyCount(t, cli, ShardsPrefix))
 	}
 	x := shRegister(t, srv, "x")[0]
 	l.until(t, "x owning every shard", func() bool { return len(s.Owned()) == len(shards) })
@@ -1047,7 +1048,7 @@ func testShardNotRegistered(t *testing.T) {
 			t.Fatalf("released %s because %v, want errNotLive", ev.Key, ev.Err)
 		}
 	}
-	etWaitCount(t, cli, ShardsPrefix, 0, clientv3.WithPrefix())
+	etWaitCount(t, cli, ShardsPrefix, 1, clientv3.WithPrefix()) // the member key
 	if len(s.Owned()) != 0 {
 		t.Fatalf("owns %v while not live", s.Owned())
 	}
@@ -1447,7 +1448,10 @@ func testShardUnreachable(t *testing.T) {
 }
 
 func testShardBadInput(t *testing.T) {
-	_, cli := newEtcd(t)
+	srv, cli := newEtcd(t)
+	// A registration of its own, to be named as Host: its lease and key
+	// are the only ones the bad input may find.
+	host := register(t, srv.NewClient(t), "g", LivenessOptions{})
 	ok := ShardOptions{Shards: []string{"a", "b"}, Self: "h", Run: idle}
 	with := func(f func(*ShardOptions)) ShardOptions {
 		o := ok
@@ -1476,6 +1480,13 @@ func testShardBadInput(t *testing.T) {
 		{"TTL not whole seconds", cli, with(func(o *ShardOptions) { o.TTL = 1500 * time.Millisecond }), ErrInvalidTTL},
 		{"negative TTL", cli, with(func(o *ShardOptions) { o.TTL = -time.Second }), ErrInvalidTTL},
 		{"negative KeysPerSession", cli, with(func(o *ShardOptions) { o.KeysPerSession = -1 }), ErrInvalidKeysPerSession},
+		{"shard name of the set's own keys", cli, with(func(o *ShardOptions) { o.Shards = []string{"a", ShardMemberSegment} }), ErrInvalidShards},
+		{"negative Weight", cli, with(func(o *ShardOptions) { o.Weight = -1 }), ErrInvalidShards},
+		{"NaN Weight", cli, with(func(o *ShardOptions) { o.Weight = math.NaN() }), ErrInvalidShards},
+		{"infinite Weight", cli, with(func(o *ShardOptions) { o.Weight = math.Inf(1) }), ErrInvalidShards},
+		{"negative MaxMoves", cli, with(func(o *ShardOptions) { o.MaxMoves = -1 }), ErrInvalidShards},
+		{"Self other than Host's", cli, with(func(o *ShardOptions) { o.Host = host }), ErrInvalidShards},
+		{"HostPrefix other than Host's", cli, with(func(o *ShardOptions) { o.Self, o.Host, o.HostPrefix = "", host, "/other/" }), ErrInvalidShards},
 	}
 	for _, c := range cases {
 		s, err := NewShardSet(testCtx(t), c.cli, c.opts)
@@ -1483,11 +1494,14 @@ func testShardBadInput(t *testing.T) {
 			t.Fatalf("%s: %v, %v; want %v, saying \"coord:\" once", c.name, s, err, c.want)
 		}
 	}
-	if n := keyCount(t, cli, ""); n != 0 {
-		t.Fatalf("%d keys written", n)
+	if n := keyCount(t, cli, ""); n != 1 {
+		t.Fatalf("%d keys written, want only the registration's", n)
 	}
-	if ls := ptLeases(t, cli); len(ls) != 0 {
-		t.Fatalf("leases %v; want none", ls)
+	if ls := ptLeases(t, cli); !slices.Equal(ls, []clientv3.LeaseID{host.LeaseID()}) {
+		t.Fatalf("leases %v; want only the registration's", ls)
+	}
+	if _, err := (&ShardSet{}).Owner(testCtx(t), "@x"); !errors.Is(err, ErrInvalidShards) {
+		t.Fatalf("Owner of a name of the set's own keys: %v, want ErrInvalidShards", err)
 	}
 }
 

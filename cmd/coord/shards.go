@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"slices"
@@ -31,6 +32,30 @@ type shardCandidate struct {
 	// is a later candidacy.
 	Token int64  `json:"token"`
 	Lease string `json:"lease"` // hex, as etcdctl shows lease IDs
+	// What the candidate's ShardSet announces as a member (under
+	// <prefix>@members/), if it does.
+	Weight   float64 `json:"weight,omitempty"`
+	Zone     string  `json:"zone,omitempty"`
+	Draining bool    `json:"draining,omitempty"`
+}
+
+// String shows a candidate's identity, and its zone, a weight other than
+// 1 and a drain, if its member key says so.
+func (c shardCandidate) String() string {
+	var notes []string
+	if c.Weight != 0 && c.Weight != 1 {
+		notes = append(notes, fmt.Sprintf("weight %g", c.Weight))
+	}
+	if c.Zone != "" {
+		notes = append(notes, "zone "+c.Zone)
+	}
+	if c.Draining {
+		notes = append(notes, "draining")
+	}
+	if len(notes) == 0 {
+		return c.Identity
+	}
+	return c.Identity + " (" + strings.Join(notes, ", ") + ")"
 }
 
 func cmdShards(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -41,9 +66,11 @@ defines its leader), its fencing token, and its standbys in the order they
 would take over. A shard nobody campaigns for leaves nothing in etcd and is
 not listed. etcd keeps no timestamps, so how long an owner has held its
 shard cannot be read: TOKEN, the create revision of the owner's candidacy,
-is what grows with each new ownership. It only reads: no lease or key is
-created. Keys under the prefix that are not candidates are skipped with a
-warning on stderr.`, true)
+is what grows with each new ownership. A candidate's weight (other than 1),
+zone and drain are shown as its ShardSet announces them (its member key,
+under <prefix>@members/). It only reads: no lease or key is created. Keys
+under the prefix that are neither candidates nor members are skipped with
+a warning on stderr.`, true)
 	c.StringVar(&c.conn.prefix, "prefix", coord.ShardsPrefix, "etcd `prefix` of the shard elections; ends in /")
 	output := c.output("output `format`: text (a table) or json", "text", "json")
 	if _, err := c.parse(args, stdout, 0); err != nil {
@@ -67,10 +94,18 @@ func listShards(ctx context.Context, cli *clientv3.Client, prefix string, stderr
 		key string
 	}
 	by := map[string][]cand{}
+	members := map[string]coord.ShardMember{}
 	for _, kv := range resp.Kvs {
 		key := string(kv.Key)
 		shard, lease, ok := strings.Cut(strings.TrimPrefix(key, prefix), "/")
-		if !ok || shard == "" || lease == "" || strings.Contains(lease, "/") {
+		if shard == coord.ShardMemberSegment && ok {
+			var m coord.ShardMember
+			if json.Unmarshal(kv.Value, &m) == nil && m.HostUUID == lease {
+				members[m.HostUUID] = m
+				continue
+			}
+		}
+		if !ok || shard == "" || lease == "" || strings.Contains(lease, "/") || strings.HasPrefix(shard, "@") {
 			fmt.Fprintf(stderr, "coord: skipping %s: not a candidate key (%s<shard>/<lease>)\n", key, prefix)
 			continue
 		}
@@ -84,6 +119,11 @@ func listShards(ctx context.Context, cli *clientv3.Client, prefix string, stderr
 		slices.SortFunc(cands, func(a, b cand) int {
 			return cmp.Or(cmp.Compare(a.Token, b.Token), strings.Compare(a.key, b.key))
 		})
+		for i := range cands {
+			if m, ok := members[cands[i].Identity]; ok {
+				cands[i].Weight, cands[i].Zone, cands[i].Draining = m.Weight, m.Zone, m.Draining
+			}
+		}
 		info := shardInfo{Shard: shard, Key: prefix + shard, Owner: cands[0].shardCandidate, Standbys: []shardCandidate{}}
 		for _, c := range cands[1:] {
 			info.Standbys = append(info.Standbys, c.shardCandidate)
@@ -101,9 +141,9 @@ func printShards(w io.Writer, shards []shardInfo) error {
 	for _, s := range shards {
 		var standbys []string
 		for _, c := range s.Standbys {
-			standbys = append(standbys, c.Identity)
+			standbys = append(standbys, c.String())
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", s.Shard, dash(s.Owner.Identity), s.Owner.Token, dash(strings.Join(standbys, ",")))
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", s.Shard, dash(s.Owner.String()), s.Owner.Token, dash(strings.Join(standbys, ",")))
 	}
 	return tw.Flush()
 }

@@ -1,0 +1,193 @@
+package coord
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// The members of a shard set and how they rank: each ShardSet announces
+// itself under its Prefix, and ranks only the members that are live hosts.
+
+// ShardMemberSegment is the key segment under a shard set's Prefix where
+// its members announce themselves, one key each:
+// Prefix+"@members/"+HostUUID, on the member's lease, its value the JSON
+// of its ShardMember. No shard name starts with "@", so that no member key
+// is ever taken for a shard's candidate. Wire format.
+const ShardMemberSegment = "@members"
+
+// ShardMember is a member of a shard set, as its member key says: a host
+// that runs a ShardSet on the same Prefix. Its JSON is the member key's
+// value, wire format shared by every member.
+type ShardMember struct {
+	HostUUID string  `json:"host_uuid"`
+	Weight   float64 `json:"weight"`             // capacity relative to the other members
+	Zone     string  `json:"zone,omitempty"`     // failure domain
+	Draining bool    `json:"draining,omitempty"` // handing its shards over, taking none
+}
+
+// memberKey returns the key of host's member announcement under prefix.
+func memberKey(prefix, host string) string { return prefix + ShardMemberSegment + "/" + host }
+
+// decodeMember reads a member key; ok is false for a key or value that is
+// not a member's.
+func decodeMember(prefix string, kv *mvccpb.KeyValue) (m ShardMember, ok bool) {
+	host := strings.TrimPrefix(string(kv.Key), prefix+ShardMemberSegment+"/")
+	if err := json.Unmarshal(kv.Value, &m); err != nil || m.HostUUID != host || !(m.Weight > 0) || math.IsInf(m.Weight, 0) {
+		return ShardMember{}, false
+	}
+	return m, true
+}
+
+// score is member m's weighted rendezvous score for shard: −w/ln(h), h
+// its rendezvous weight mapped into (0, 1). A member of weight 2 scores
+// highest about twice as often as one of weight 1.
+func score(shard string, m ShardMember) float64 {
+	h := (float64(weight(shard, m.HostUUID)>>11) + 0.5) / (1 << 53)
+	return -m.Weight / math.Log(h)
+}
+
+// memberBefore reports whether member a ranks before member b for shard:
+// draining members last; then by weighted score, the highest first; then
+// as RankHosts ranks (which is the order of the scores when the weights
+// are equal, without their rounding).
+func memberBefore(shard string, a, b ShardMember) bool {
+	if a.Draining != b.Draining {
+		return b.Draining
+	}
+	if a.Weight != b.Weight {
+		if sa, sb := score(shard, a), score(shard, b); sa != sb {
+			return sa > sb
+		}
+	}
+	return ranksBefore(shard, a.HostUUID, b.HostUUID)
+}
+
+// pick returns the candidates of shard among members (none draining), best
+// first: the best-ranked member of each zone, in rank order, until there
+// are n; then the best-ranked others. So a shard's n candidates are in n
+// zones while there are that many.
+func pick(shard string, members []ShardMember, n int) []ShardMember {
+	ranked := slices.Clone(members)
+	slices.SortFunc(ranked, func(a, b ShardMember) int {
+		if memberBefore(shard, a, b) {
+			return -1
+		}
+		return 1
+	})
+	out := make([]ShardMember, 0, n)
+	zones := map[string]bool{}
+	rest := ranked[:0:0]
+	for _, m := range ranked {
+		if len(out) < n && !zones[m.Zone] {
+			zones[m.Zone] = true
+			out = append(out, m)
+		} else {
+			rest = append(rest, m)
+		}
+	}
+	return append(out, rest[:min(len(rest), n-len(out))]...)
+}
+
+// memberLocked returns host's member record, and whether it is a live
+// member: its member key is there and its host is live.
+func (s *ShardSet) memberLocked(host string) (ShardMember, bool) {
+	m, ok := s.members[host]
+	return m, ok && s.hosts[host]
+}
+
+// selfLocked returns our member record as the others rank us.
+func (s *ShardSet) selfLocked() ShardMember {
+	return ShardMember{HostUUID: s.opts.Self, Weight: s.opts.Weight, Zone: s.opts.Zone, Draining: s.draining}
+}
+
+// rankedLocked reports whether we are among shard's candidates.
+func (s *ShardSet) rankedLocked(shard string) bool {
+	if _, live := s.memberLocked(s.opts.Self); !live || s.draining {
+		return false
+	}
+	var live []ShardMember
+	for h, m := range s.members {
+		if s.hosts[h] && !m.Draining {
+			live = append(live, m)
+		}
+	}
+	return slices.ContainsFunc(pick(shard, live, s.opts.Replicas), func(m ShardMember) bool { return m.HostUUID == s.opts.Self })
+}
+
+// Members returns the live members of the shard set as we see them (us
+// included, once our announcement is seen), sorted by HostUUID. It never
+// talks to etcd.
+func (s *ShardSet) Members() []ShardMember {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []ShardMember
+	for h := range s.members {
+		if m, live := s.memberLocked(h); live {
+			out = append(out, m)
+		}
+	}
+	slices.SortFunc(out, func(a, b ShardMember) int { return cmp.Compare(a.HostUUID, b.HostUUID) })
+	return out
+}
+
+// announce puts our member key on sess's lease, with what we are now,
+// within ctx and the TTL.
+func (s *ShardSet) announce(ctx context.Context, sess *session) error {
+	s.mu.Lock()
+	m := s.selfLocked()
+	s.mu.Unlock()
+	val, _ := json.Marshal(m) // a struct of plain fields: never fails
+	ctx, cancel := withCancelOn(ctx, sess.ctx)
+	defer cancel()
+	ctx, cancelT := context.WithTimeout(ctx, sess.ttl)
+	defer cancelT()
+	if _, err := s.cli.Put(ctx, memberKey(s.opts.Prefix, s.opts.Self), string(val), clientv3.WithLease(sess.id)); err != nil {
+		return fmt.Errorf("announce member: %w", err)
+	}
+	return nil
+}
+
+// keepAnnounced keeps our member key, on a session of its own, for as long
+// as the shard set lives: a session that ends is replaced, and the key put
+// again; so is a key deleted by someone else, or ours while draining
+// changes. sess is the first session, announced already.
+func (s *ShardSet) keepAnnounced(sess *session) {
+	defer s.wg.Done()
+	var r retry
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-sess.ctx.Done():
+		case <-s.reannounce:
+			if s.announce(s.ctx, sess) == nil {
+				continue
+			}
+			sess.end(errAnnounceFailed)
+		}
+		s.log.Info("coord: shard set: member session ended, announcing again", "err", sess.Err())
+		for s.ctx.Err() == nil {
+			next, err := startSession(s.ctx, s.ctx, s.cli, s.opts.TTL, s.log, &s.leases)
+			if err == nil {
+				if err = s.announce(s.ctx, next); err == nil {
+					s.mu.Lock()
+					s.memberSess, sess = next, next
+					s.mu.Unlock()
+					break
+				}
+				next.end(errAnnounceFailed)
+			}
+			s.log.Warn("coord: shard set: cannot announce member, retrying", "err", err)
+			sleep(s.ctx, r.next())
+		}
+		r = retry{}
+	}
+}

@@ -1,0 +1,420 @@
+package coord
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+func TestShardMembers(t *testing.T) {
+	t.Run("hosts that run no ShardSet take no slot: every shard is owned by a member", testShardBystanders)
+	t.Run("a ShardSet tied to a registration taken over ends with ErrHostGone and owns nothing; the new one owns every shard", testShardTakenOver)
+	t.Run("Drain hands every shard over without overlap and takes none; the others rank the drainer last", testShardDrain)
+	t.Run("MaxMoves bounds the takeovers in flight of a joining member; unowned shards do not wait", testShardMaxMoves)
+	t.Run("weights: shares in proportion to the weights", testShardWeights)
+	t.Run("zones: a shard's candidates are in distinct zones", testShardZones)
+	t.Run("a member key deleted or its lease revoked is announced again; a value that is no member is skipped", testShardReannounce)
+	t.Run("the client closed: Done closes and Err is ErrClientClosed", testShardClientClosed)
+	t.Run("Run is called only for shards we rank for: decisions on complete views", testShardCompleteViews)
+}
+
+// smOwners waits until every shard is owned by the set want names, and by
+// no other of sets, and returns the owner of each.
+func smOwners(t *testing.T, l *shLedger, shards []string, sets map[string]*ShardSet, want func(shard string) string) map[string]string {
+	t.Helper()
+	var got map[string]string
+	l.until(t, "every shard owned by the member that ranks first", func() bool {
+		got = map[string]string{}
+		for id, s := range sets {
+			for _, sh := range s.Owned() {
+				if _, dup := got[sh.Name]; dup {
+					return false
+				}
+				got[sh.Name] = id
+			}
+		}
+		for _, sh := range shards {
+			if got[sh] != want(sh) {
+				return false
+			}
+		}
+		return len(got) == len(shards)
+	})
+	return got
+}
+
+// smCands returns the identities of shard's candidates in etcd, in line
+// order.
+func smCands(t *testing.T, cli *clientv3.Client, shard string) []string {
+	t.Helper()
+	var out []string
+	for _, kv := range candidates(t, cli, ShardsPrefix+shard+"/") {
+		out = append(out, string(kv.Value))
+	}
+	return out
+}
+
+func testShardBystanders(t *testing.T) {
+	srv, l, shards, hosts := shFleet(t, 64, 4)
+	// hosts[2:] register their liveness only, as another service sharing
+	// the registry would.
+	members := hosts[:2]
+	shStartAll(t, l, members, ShardOptions{Shards: shards})
+	want := []ShardMember{{HostUUID: members[0].id, Weight: 1}, {HostUUID: members[1].id, Weight: 1}}
+	for _, h := range members {
+		if got := h.set.Members(); !slices.Equal(got, want) {
+			t.Fatalf("Members of %s = %v, want %v", h.id, got, want)
+		}
+	}
+	for _, sh := range shards {
+		for _, id := range smCands(t, srv.Client(), sh) {
+			if id != members[0].id && id != members[1].id {
+				t.Fatalf("shard %s has candidate %s, which runs no ShardSet", sh, id)
+			}
+		}
+	}
+}
+
+func testShardTakenOver(t *testing.T) {
+	srv, _ := newEtcd(t)
+	l := newShLedger()
+	shards := shNames(8)
+	cli := srv.NewClient(t)
+	old := register(t, cli, "a", LivenessOptions{})
+	s1 := shSet(t, cli, "a", l, ShardOptions{Shards: shards, Host: old})
+	l.until(t, "a owning every shard", func() bool { return len(s1.Owned()) == len(shards) })
+	mark := l.mark()
+	// Another process of the same host registers with Takeover.
+	ncli := srv.NewClient(t)
+	reg := register(t, ncli, "a", LivenessOptions{Takeover: true})
+	waitClosed(t, s1.Done(), "Done of the set whose registration was taken over")
+	if !errors.Is(s1.Err(), ErrHostGone) || len(s1.Owned()) != 0 {
+		t.Fatalf("after the takeover: Err %v, Owned %v; want ErrHostGone, nothing", s1.Err(), s1.Owned())
+	}
+	rel := l.since(mark, SignalShardReleased)
+	if len(rel) != len(shards) {
+		t.Fatalf("%d shards released, want %d", len(rel), len(shards))
+	}
+	for _, ev := range rel {
+		if !errors.Is(ev.Err, ErrHostGone) {
+			t.Fatalf("released %s because %v, want ErrHostGone", ev.Key, ev.Err)
+		}
+	}
+	s2 := shSet(t, ncli, "a", l, ShardOptions{Shards: shards, Host: reg})
+	l.until(t, "the new registration owning every shard", func() bool { return len(s2.Owned()) == len(shards) })
+	if err := s1.Drain(testCtx(t)); !errors.Is(err, ErrHostGone) {
+		t.Fatalf("Drain of the ended set: %v, want ErrHostGone", err)
+	}
+}
+
+func testShardDrain(t *testing.T) {
+	srv, l, shards, hosts := shFleet(t, 24, 3)
+	for _, h := range hosts {
+		h.start(t, l, ShardOptions{Shards: shards, Run: l.writer(h.cli, h.id)})
+	}
+	shSettle(t, l, shards, hosts, hosts)
+	drainer := slices.MaxFunc(hosts, func(a, b *shHost) int { return len(a.set.Owned()) - len(b.set.Owned()) })
+	owned := len(drainer.set.Owned())
+	mark := l.mark()
+	if err := drainer.set.Drain(testCtx(t)); err != nil {
+		t.Fatalf("Drain: %v", err)
+	}
+	if got := drainer.set.Owned(); len(got) != 0 {
+		t.Fatalf("owns %v after Drain", got)
+	}
+	for _, sh := range shards {
+		if slices.Contains(smCands(t, srv.Client(), sh), drainer.id) {
+			t.Fatalf("the drained member is still a candidate for %s", sh)
+		}
+	}
+	rest := slices.DeleteFunc(slices.Clone(hosts), func(h *shHost) bool { return h == drainer })
+	shSettle(t, l, shards, rest, hosts)
+	for _, ev := range l.since(mark, SignalShardReleased) {
+		if ev.Host == drainer.id && !errors.Is(ev.Err, errBetterHost) {
+			t.Fatalf("the drainer released %s because %v, want handed to a better-ranked member", ev.Key, ev.Err)
+		}
+	}
+	if n := len(l.since(mark, SignalShardReleased)); n < owned {
+		t.Fatalf("%d shards released, the drainer owned %d", n, owned)
+	}
+	l.until(t, "the others seeing the drain", func() bool {
+		return slices.Contains(rest[0].set.Members(), ShardMember{HostUUID: drainer.id, Weight: 1, Draining: true})
+	})
+	if err := drainer.set.Drain(testCtx(t)); err != nil {
+		t.Fatalf("Drain again: %v", err)
+	}
+	ctx, cancel := context.WithCancel(testCtx(t))
+	cancel()
+	for _, h := range hosts {
+		h.set.Close()
+	}
+	if err := drainer.set.Drain(ctx); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Drain after Close: %v, want ErrClosed", err)
+	}
+	if overlaps, _ := shCheck(shHistory(t, srv.Client())); overlaps != 0 {
+		t.Fatalf("%d overlaps", overlaps)
+	}
+}
+
+// smRecorder records the events under ShardsPrefix from its start on.
+type smRecorder struct {
+	mu     sync.Mutex
+	events []*clientv3.Event
+	seen   chan struct{} // closed once the sentinel key is seen
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+const smSentinel = ShardsPrefix + "zz-sentinel"
+
+func smRecord(t *testing.T, cli *clientv3.Client) *smRecorder {
+	t.Helper()
+	resp, err := cli.Get(testCtx(t), "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(testCtx(t))
+	r := &smRecorder{seen: make(chan struct{}), cancel: cancel, done: make(chan struct{})}
+	wch := cli.Watch(ctx, ShardsPrefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+	go func() {
+		defer close(r.done)
+		for wr := range wch {
+			r.mu.Lock()
+			r.events = append(r.events, wr.Events...)
+			r.mu.Unlock()
+			for _, ev := range wr.Events {
+				if string(ev.Kv.Key) == smSentinel {
+					close(r.seen)
+					return
+				}
+			}
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-r.done })
+	return r
+}
+
+// stop puts the sentinel and returns every event before it.
+func (r *smRecorder) stop(t *testing.T, cli *clientv3.Client) []*clientv3.Event {
+	t.Helper()
+	if _, err := cli.Put(testCtx(t), smSentinel, "x"); err != nil {
+		t.Fatal(err)
+	}
+	waitClosed(t, r.seen, "the sentinel in the recorded events")
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.events
+}
+
+func testShardMaxMoves(t *testing.T) {
+	srv, l, shards, hosts := shFleet(t, 32, 2)
+	opts := ShardOptions{Shards: shards, Replicas: 1}
+	shStartAll(t, l, hosts, opts)
+	joiner := shRegister(t, srv, "host-02")[0]
+	rec := smRecord(t, srv.Client())
+	opts.MaxMoves = 2
+	hosts = append(hosts, joiner.start(t, l, opts))
+	shSettle(t, l, shards, hosts, hosts)
+	// Replay: per shard, the candidates in line. With Replicas 1, a
+	// candidacy of the joiner behind another's is a takeover in flight.
+	line := map[string][]*mvccpb.KeyValue{}
+	most, took := 0, 0
+	for _, ev := range rec.stop(t, srv.Client()) {
+		shard, _, ok := strings.Cut(strings.TrimPrefix(string(ev.Kv.Key), ShardsPrefix), "/")
+		if !ok || shard == ShardMemberSegment {
+			continue
+		}
+		line[shard] = slices.DeleteFunc(line[shard], func(kv *mvccpb.KeyValue) bool { return string(kv.Key) == string(ev.Kv.Key) })
+		if ev.Type == clientv3.EventTypePut {
+			line[shard] = append(line[shard], ev.Kv)
+			if string(ev.Kv.Value) == joiner.id && len(line[shard]) > 1 {
+				took++
+			}
+		}
+		moving := 0
+		for _, cands := range line {
+			for _, kv := range cands[min(1, len(cands)):] {
+				if string(kv.Value) == joiner.id {
+					moving++
+				}
+			}
+		}
+		most = max(most, moving)
+	}
+	t.Logf("the joiner took %d shards over, at most %d at once (MaxMoves 2; %d events)", took, most, len(line))
+	if most > 2 || took <= 2 {
+		t.Fatalf("%d takeovers in flight at once, want at most 2 (of %d taken over)", most, took)
+	}
+}
+
+func testShardWeights(t *testing.T) {
+	_, l, shards, hosts := shFleet(t, 400, 2)
+	weights := []float64{1, 3}
+	sets := map[string]*ShardSet{}
+	var members []ShardMember
+	for i, h := range hosts {
+		h.start(t, l, ShardOptions{Shards: shards, Replicas: 1, Weight: weights[i]})
+		sets[h.id] = h.set
+		members = append(members, ShardMember{HostUUID: h.id, Weight: weights[i]})
+	}
+	owners := smOwners(t, l, shards, sets, func(sh string) string { return pick(sh, members, 1)[0].HostUUID })
+	light := 0
+	for _, id := range owners {
+		if id == hosts[0].id {
+			light++
+		}
+	}
+	// Binomial: 400 shards, each the light member's with p = 1/4.
+	p := weights[0] / (weights[0] + weights[1])
+	mean, sigma := 400*p, math.Sqrt(400*p*(1-p))
+	t.Logf("weight 1 owns %d of 400, weight 3 %d (expected %.0f ± %.1f)", light, 400-light, mean, sigma)
+	if math.Abs(float64(light)-mean) > 4*sigma {
+		t.Fatalf("weight 1 owns %d of 400, want within 4σ of %.0f (σ %.1f)", light, mean, sigma)
+	}
+}
+
+func testShardZones(t *testing.T) {
+	srv, l, shards, hosts := shFleet(t, 32, 4)
+	zones := map[string]string{}
+	for i, h := range hosts {
+		zones[h.id] = fmt.Sprintf("zone-%d", i%2)
+		h.start(t, l, ShardOptions{Shards: shards, Zone: zones[h.id]})
+	}
+	cli := srv.Client()
+	eventually(t, "two candidates per shard, in two zones", func() bool {
+		for _, sh := range shards {
+			c := smCands(t, cli, sh)
+			if len(c) != 2 || zones[c[0]] == zones[c[1]] {
+				return false
+			}
+		}
+		return true
+	})
+	// Without zones, some shard's two best-ranked members share one: the
+	// zones changed the candidates.
+	ids := shIDsOf(hosts)
+	shared := 0
+	for _, sh := range shards {
+		if r := shRank(sh, ids); zones[r[0]] == zones[r[1]] {
+			shared++
+		}
+	}
+	if shared == 0 {
+		t.Fatal("no shard whose two best-ranked members share a zone: the test proves nothing")
+	}
+}
+
+func testShardReannounce(t *testing.T) {
+	_, l, shards, hosts := shFleet(t, 2, 1)
+	h := hosts[0]
+	tap, log := newLogTap()
+	h.start(t, l, ShardOptions{Shards: shards, Logger: log})
+	cli := h.cli
+	key := memberKey(ShardsPrefix, h.id)
+	first := waitKey(t, cli, key, func(kv *mvccpb.KeyValue) bool { return kv != nil })
+	if _, err := cli.Delete(testCtx(t), key); err != nil {
+		t.Fatal(err)
+	}
+	again := waitKey(t, cli, key, func(kv *mvccpb.KeyValue) bool { return kv != nil && kv.CreateRevision > first.CreateRevision })
+	if again.Lease != first.Lease {
+		t.Fatalf("announced again on lease %x, want the same lease %x", again.Lease, first.Lease)
+	}
+	etRevoke(t, cli, clientv3.LeaseID(again.Lease))
+	waitKey(t, cli, key, func(kv *mvccpb.KeyValue) bool { return kv != nil && kv.Lease != again.Lease })
+	// Values under the members' segment that are no member's are skipped.
+	for k, v := range map[string]string{"bad-json": "{", "other-name": `{"host_uuid":"x","weight":1}`, "no-weight": `{"host_uuid":"no-weight"}`} {
+		if _, err := cli.Put(testCtx(t), memberKey(ShardsPrefix, k), v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tap.wait(t, "coord: shard set: skipping a member key that is not a member's", 3)
+	want := []ShardMember{{HostUUID: h.id, Weight: 1}}
+	if got := h.set.Members(); !slices.Equal(got, want) {
+		t.Fatalf("Members = %v, want %v", got, want)
+	}
+	l.until(t, "every shard owned", func() bool { return len(h.set.Owned()) == len(shards) })
+	var m ShardMember
+	if err := json.Unmarshal(waitKey(t, cli, key, func(kv *mvccpb.KeyValue) bool { return kv != nil }).Value, &m); err != nil || m != want[0] {
+		t.Fatalf("member key %+v, %v; want %+v", m, err, want[0])
+	}
+}
+
+func testShardClientClosed(t *testing.T) {
+	_, l, shards, hosts := shFleet(t, 2, 1)
+	h := hosts[0].start(t, l, ShardOptions{Shards: shards})
+	l.until(t, "every shard owned", func() bool { return len(h.set.Owned()) == len(shards) })
+	select {
+	case <-h.set.Done():
+		t.Fatal("Done closed while the set lives")
+	default:
+	}
+	if err := h.set.Err(); err != nil {
+		t.Fatalf("Err while the set lives: %v", err)
+	}
+	h.cli.Close()
+	waitClosed(t, h.set.Done(), "Done after the client closed")
+	if !errors.Is(h.set.Err(), ErrClientClosed) || len(h.set.Owned()) != 0 {
+		t.Fatalf("Err %v, Owned %v; want ErrClientClosed, nothing", h.set.Err(), h.set.Owned())
+	}
+	h.set.Close()
+	if !errors.Is(h.set.Err(), ErrClientClosed) {
+		t.Fatalf("Err after Close: %v, want ErrClientClosed still", h.set.Err())
+	}
+}
+
+func testShardCompleteViews(t *testing.T) {
+	srv, cli := newEtcd(t)
+	// 60 members announced by other programs, each on a lease of its own
+	// holding its host key and its member key (the wire format), before
+	// we start.
+	shards := shNames(256)
+	ids := []string{"x"}
+	for i := range 60 {
+		id := fmt.Sprintf("m-%02d", i)
+		ids = append(ids, id)
+		lease := wtGrant(t, cli)
+		m, _ := json.Marshal(ShardMember{HostUUID: id, Weight: 1})
+		if _, err := cli.Txn(testCtx(t)).Then(
+			clientv3.OpPut(HostsPrefix+id, string(must(json.Marshal(meta(id)))), clientv3.WithLease(lease)),
+			clientv3.OpPut(memberKey(ShardsPrefix, id), string(m), clientv3.WithLease(lease))).Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ours := map[string]bool{}
+	for _, sh := range shards {
+		if shRank(sh, ids)[0] == "x" {
+			ours[sh] = true
+		}
+	}
+	x := shRegister(t, srv, "x")[0]
+	for round := range 5 {
+		var mu sync.Mutex
+		var ran []string
+		l := newShLedger()
+		s := shSet(t, x.cli, "x", l, ShardOptions{Shards: shards, Replicas: 1, Run: func(ctx context.Context, sh Shard) {
+			mu.Lock()
+			ran = append(ran, sh.Name)
+			mu.Unlock()
+			<-ctx.Done()
+		}})
+		l.until(t, "x owning its shards", func() bool { return len(s.Owned()) == len(ours) })
+		s.Close()
+		for _, sh := range ran {
+			if !ours[sh] {
+				t.Fatalf("round %d: Run called for %s, which x does not rank for (%d calls)", round, sh, len(ran))
+			}
+		}
+		if len(ran) != len(ours) {
+			t.Fatalf("round %d: Run called %d times, want once for each of the %d shards x ranks for", round, len(ran), len(ours))
+		}
+	}
+}

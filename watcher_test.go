@@ -115,8 +115,16 @@ func TestHostWatcherSnapshot(t *testing.T) {
 		<-started
 		w := wtWatch(t, ctx, cli, WatcherOptions{Prefix: prefix})
 		r := newWtReplica(t)
-		if !closedWithin(w.Synced()) {
-			t.Fatal("Synced not closed")
+		var snapshot int64
+		apply := func(ev HostEvent) {
+			r.apply(ev)
+			if ev.Synthetic {
+				snapshot = ev.Revision
+			}
+		}
+		// Synced waits for the consumer: read while waiting for it.
+		for _, ev := range untilSynced(t, w) {
+			apply(ev)
 		}
 		close(synced)
 		res := <-done
@@ -125,13 +133,9 @@ func TestHostWatcherSnapshot(t *testing.T) {
 		}
 		// Everything written before the marker is delivered before it.
 		marker := wtPut(t, cli, prefix, meta("zz-marker"), 0)
-		var snapshot int64
 		for {
 			ev := next(t, w)
-			r.apply(ev)
-			if ev.Synthetic {
-				snapshot = ev.Revision
-			}
+			apply(ev)
 			if ev.Revision == marker && !ev.Synthetic {
 				break
 			}
@@ -1034,6 +1038,28 @@ func wtSyncedEtcd(t *testing.T) (srv *coordtest.Server, cli *clientv3.Client, ct
 	srv, cli = newEtcd(t)
 	ctx, prefix = testCtx(t), prefixFor(t)
 	return srv, cli, ctx, prefix, wtSynced(t, ctx, cli, WatcherOptions{Prefix: prefix})
+}
+
+// untilSynced reads the events of w as a consumer that selects on Events
+// and Synced does, until it sees Synced, and returns the events it read
+// before; it fails the test after patience.
+func untilSynced(t *testing.T, w *HostWatcher) []HostEvent {
+	t.Helper()
+	deadline := time.After(patience())
+	var evs []HostEvent
+	for {
+		select {
+		case ev, ok := <-w.Events():
+			if !ok {
+				t.Fatalf("events closed before Synced: %v", w.Err())
+			}
+			evs = append(evs, ev)
+		case <-w.Synced():
+			return evs
+		case <-deadline:
+			t.Fatalf("Synced not closed after %d events", len(evs))
+		}
+	}
 }
 
 // wtEnded checks that Events closes, with no event left, and Wait returns.

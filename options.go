@@ -24,8 +24,6 @@ const (
 	// DefaultKeysPerSession is the default PoolOptions.KeysPerSession:
 	// etcd applies a put in time linear in the keys already on its lease.
 	DefaultKeysPerSession = 1000
-	// DefaultWatcherBuffer is the default capacity of HostWatcher.Events.
-	DefaultWatcherBuffer = 128
 	// DefaultMaxBacklog is the default WatcherOptions.MaxBacklog.
 	DefaultMaxBacklog = 10000
 	// DefaultWatcherPageSize is the default WatcherOptions.PageSize: a page
@@ -71,16 +69,19 @@ type LivenessOptions struct {
 }
 
 // WatcherOptions configures NewHostWatcher. The zero value watches
-// HostsPrefix with a DefaultWatcherBuffer-sized Events channel, listing in
-// pages of DefaultWatcherPageSize keys.
+// HostsPrefix, listing in pages of DefaultWatcherPageSize keys.
 type WatcherOptions struct {
 	// Prefix to watch; must end in "/". Default HostsPrefix.
 	Prefix string
 	// Self is this agent's own HostUUID: its events are not delivered and
 	// it is left out of Hosts. Empty means none.
 	Self string
-	// Buffer is the capacity of the Events channel; 0 means
-	// DefaultWatcherBuffer. Events are never dropped whatever its size.
+	// Buffer has no effect: Events is unbuffered, so that Synced can tell
+	// when the consumer has received the snapshot, and the events not
+	// received yet queue in the watcher, in order, never dropped.
+	// Negative is an error.
+	//
+	// Deprecated: leave it 0.
 	Buffer int
 	// MaxBacklog bounds the events queued for a consumer that does not
 	// keep up, beyond twice the number of hosts it knows of: past it, the

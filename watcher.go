@@ -76,8 +76,10 @@ type HostWatcher struct {
 	// the hosts it knows of.
 	maxBacklog int
 
-	events chan HostEvent // closed by run when it ends
-	synced chan struct{}  // closed by run once the snapshot is in events
+	// events is unbuffered: a send is the consumer's receipt. The
+	// outbox is the buffer. Closed by run when it ends.
+	events chan HostEvent
+	synced chan struct{} // closed by run once the consumer has the snapshot
 	cancel context.CancelFunc
 	done   chan struct{} // closed when run returns
 
@@ -120,7 +122,7 @@ func NewHostWatcher(ctx context.Context, cli *clientv3.Client, opts WatcherOptio
 		maxBacklog: cmp.Or(opts.MaxBacklog, DefaultMaxBacklog),
 		signal:     opts.OnSignal,
 		log:        logger(opts.Logger).With("prefix", prefix),
-		events:     make(chan HostEvent, cmp.Or(opts.Buffer, DefaultWatcherBuffer)),
+		events:     make(chan HostEvent),
 		synced:     make(chan struct{}),
 		cancel:     cancel,
 		done:       make(chan struct{}),
@@ -130,13 +132,20 @@ func NewHostWatcher(ctx context.Context, cli *clientv3.Client, opts WatcherOptio
 	return w, nil
 }
 
-// Events returns the stream of host events. run closes it when the watcher
-// ends.
+// Events returns the stream of host events. The channel is unbuffered:
+// the events the consumer has not received yet wait in the watcher. run
+// closes it when the watcher ends.
 func (w *HostWatcher) Events() <-chan HostEvent { return w.events }
 
-// Synced returns a channel closed once the synthetic Up events of the
-// initial snapshot have all been sent on Events. If the watcher ends before
-// that, Synced stays open and Events closes.
+// Synced returns a channel closed once the consumer has received every
+// synthetic Up of the initial snapshot from Events: a select on both never
+// sees Synced while one of them is still to come. It closes just after the
+// last of them is received, not with it, and only if the consumer receives
+// them: wait for Synced while reading Events, not instead. If the consumer
+// fell so far behind meanwhile that it was caught up (see
+// WatcherOptions.MaxBacklog), Synced closes once it has received the
+// differences that replaced the snapshot's unsent Ups. If the watcher ends
+// before that, Synced stays open and Events closes.
 func (w *HostWatcher) Synced() <-chan struct{} { return w.synced }
 
 // Hosts returns the watcher's current view, sorted by HostUUID. It may be
@@ -474,7 +483,8 @@ type outbox struct {
 	// event sent.
 	replica int
 	// unsynced counts the events to send before Synced closes: -1 until
-	// the first listing, 0 once it is closed.
+	// the first listing, 0 once it is closed. Events is unbuffered: an
+	// event sent is an event received.
 	unsynced int
 	synced   chan struct{}
 }

@@ -34,11 +34,11 @@ func TestHostWatcherSnapshot(t *testing.T) {
 		for _, id := range []string{"b", "a", "c"} {
 			rev = wtPut(t, cli, prefix, meta(id), lease)
 		}
-		w := wtWatch(t, ctx, cli, WatcherOptions{Prefix: prefix, Buffer: 1})
-		// Listed, but with one slot in Events two Ups at least are unsent.
+		w := wtWatch(t, ctx, cli, WatcherOptions{Prefix: prefix})
+		// Listed, but nothing received yet.
 		eventually(t, "the snapshot in Hosts", func() bool { return len(w.Hosts()) == 3 })
 		if isClosed(w.Synced()) {
-			t.Fatal("Synced closed before the snapshot was delivered")
+			t.Fatal("Synced closed before the snapshot was received")
 		}
 		for _, id := range []string{"a", "b", "c"} {
 			ev := expect(t, w, HostUp, id)
@@ -63,6 +63,66 @@ func TestHostWatcherSnapshot(t *testing.T) {
 			t.Fatalf("events %d, hosts %v: want none", len(w.Events()), w.Hosts())
 		}
 		quiet(t, cli, w, prefix)
+	})
+
+	t.Run("closes Synced only once the consumer has received every Up of the snapshot", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		ctx, prefix := testCtx(t), prefixFor(t)
+		const n = 300
+		wtPutHosts(t, cli, prefix, wtGrant(t, cli), n)
+		for i := range 5 {
+			w := wtWatch(t, ctx, cli, WatcherOptions{Prefix: prefix})
+			// The consumer starts once the watcher has listed: the whole
+			// snapshot waits for it. Selecting on both Events and Synced,
+			// it must still receive every Up first.
+			eventually(t, "the snapshot in Hosts", func() bool { return len(w.Hosts()) == n })
+			evs := untilSynced(t, w)
+			if len(evs) != n {
+				t.Fatalf("watcher %d: Synced seen after %d events, want the %d Ups of the snapshot first", i, len(evs), n)
+			}
+			r := newWtReplica(t)
+			for _, ev := range evs {
+				if !ev.Synthetic {
+					t.Fatalf("watcher %d: snapshot event %+v not synthetic", i, ev)
+				}
+				r.apply(ev)
+			}
+			r.matches(cli, prefix)
+			w.Close()
+		}
+	})
+
+	t.Run("closes Synced only once the consumer has received the catch-up that replaced the snapshot", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		ctx := testCtx(t)
+		lease := wtGrant(t, cli)
+		const n = 200
+		for i := range 3 {
+			prefix := fmt.Sprintf("%s%d/", prefixFor(t), i)
+			wtPutRange(t, cli, prefix, lease, 0, n)
+			sig := &signals{}
+			w := wtWatch(t, ctx, cli, WatcherOptions{Prefix: prefix, MaxBacklog: 1, OnSignal: sig.hook})
+			eventually(t, "the snapshot in Hosts", func() bool { return len(w.Hosts()) == n })
+			// Before the consumer reads anything, as many hosts come: the
+			// queue, past MaxBacklog, is replaced by the differences with
+			// what the consumer has (nothing), and Synced waits for them.
+			wtPutRange(t, cli, prefix, lease, n, 2*n)
+			eventually(t, "the new hosts in Hosts", func() bool { return len(w.Hosts()) == 2*n })
+			sig.waitFor(t, SignalWatcherResync, 1)
+			evs := untilSynced(t, w)
+			if len(evs) != 2*n {
+				t.Fatalf("watcher %d: Synced seen after %d events, want the %d Ups of the catch-up first", i, len(evs), 2*n)
+			}
+			r := newWtReplica(t)
+			for _, ev := range evs {
+				if ev.Kind != HostUp || !ev.Synthetic {
+					t.Fatalf("watcher %d: catch-up event %+v, want a synthetic Up", i, ev)
+				}
+				r.apply(ev)
+			}
+			r.matches(cli, prefix)
+			w.Close()
+		}
 	})
 
 	t.Run("neither loses nor repeats a change between the snapshot and the watch", func(t *testing.T) {
@@ -163,14 +223,14 @@ func TestHostWatcherSnapshot(t *testing.T) {
 		}
 	})
 
-	t.Run("does not block on the consumer with 1000 hosts and Buffer 1", func(t *testing.T) {
+	t.Run("does not block on the consumer with 1000 hosts", func(t *testing.T) {
 		_, cli := newEtcd(t)
 		ctx, prefix := testCtx(t), prefixFor(t)
 		const n = 1000
 		lease := wtGrant(t, cli)
 		wtPutHosts(t, cli, prefix, lease, n)
 		start := time.Now()
-		w := wtWatch(t, ctx, cli, WatcherOptions{Prefix: prefix, Buffer: 1})
+		w := wtWatch(t, ctx, cli, WatcherOptions{Prefix: prefix})
 		if d := time.Since(start); d > time.Second*scale {
 			t.Fatalf("NewHostWatcher took %v", d)
 		}
@@ -186,8 +246,7 @@ func TestHostWatcherSnapshot(t *testing.T) {
 				t.Fatalf("event %d: %+v (seen before: %v)", i, ev, seen[ev.HostUUID])
 			}
 			seen[ev.HostUUID] = true
-			// While two are unread, one at least is not in Events yet.
-			if i < n-2 && isClosed(w.Synced()) {
+			if i < n-1 && isClosed(w.Synced()) {
 				t.Fatalf("Synced closed with %d snapshot events unread", n-i-1)
 			}
 		}
@@ -763,7 +822,7 @@ func TestHostWatcherFaults(t *testing.T) {
 		lease := wtGrant(t, cli)
 		wtPutAll(t, cli, prefix, lease, "a", "b", "c")
 		sig := &signals{}
-		w := wtWatch(t, ctx, cli, WatcherOptions{Prefix: prefix, Buffer: 1, MaxBacklog: 2, OnSignal: sig.hook})
+		w := wtWatch(t, ctx, cli, WatcherOptions{Prefix: prefix, MaxBacklog: 2, OnSignal: sig.hook})
 		r := newWtReplica(t)
 		r.applyNext(w, 3)
 		if !closedWithin(w.Synced()) {
@@ -1004,8 +1063,8 @@ func TestHostWatcherLifecycle(t *testing.T) {
 		if ev := expect(t, w, HostUp, "a"); !ev.Synthetic {
 			t.Fatalf("snapshot Up %+v", ev)
 		}
-		if cap(w.Events()) != DefaultWatcherBuffer {
-			t.Fatalf("Events capacity %d, want %d", cap(w.Events()), DefaultWatcherBuffer)
+		if cap(w.Events()) != 0 {
+			t.Fatalf("Events capacity %d, want unbuffered", cap(w.Events()))
 		}
 	})
 }
@@ -1152,9 +1211,16 @@ func wtPutAll(t *testing.T, cli *clientv3.Client, prefix string, lease clientv3.
 // wtPutHosts writes n hosts, h0000 on, under lease, a hundred a Txn.
 func wtPutHosts(t *testing.T, cli *clientv3.Client, prefix string, lease clientv3.LeaseID, n int) {
 	t.Helper()
-	for i := 0; i < n; i += 100 {
+	wtPutRange(t, cli, prefix, lease, 0, n)
+}
+
+// wtPutRange writes hosts h<from> to h<to-1> (four digits) under lease, a
+// hundred a Txn.
+func wtPutRange(t *testing.T, cli *clientv3.Client, prefix string, lease clientv3.LeaseID, from, to int) {
+	t.Helper()
+	for i := from; i < to; i += 100 {
 		var ops []clientv3.Op
-		for j := i; j < min(i+100, n); j++ {
+		for j := i; j < min(i+100, to); j++ {
 			id := fmt.Sprintf("h%04d", j)
 			ops = append(ops, clientv3.OpPut(prefix+id, wtJSON(meta(id)), clientv3.WithLease(lease)))
 		}

@@ -43,6 +43,9 @@ const (
 	maxBackoff = 2 * time.Second
 	// attemptTimeout is the least time a heal attempt is given.
 	attemptTimeout = 2 * time.Second
+	// compactedListings is how many paged listings in a row a watcher
+	// sees compacted away before it lists in one read.
+	compactedListings = 3
 	// expirySlack is how late etcd may expire a lease after its TTL: its
 	// lessor checks for expired leases every 500ms; the rest covers a
 	// revoke's trip through raft.
@@ -94,9 +97,12 @@ type WatcherOptions struct {
 	// the prefix (at the start, and again after a compaction or a broken
 	// watch): it reads them in pages, each at the revision of the first,
 	// so that a listing is still one snapshot; a page whose revision was
-	// compacted meanwhile starts the listing again. Smaller pages cost
-	// etcd more: for each page it counts the keys left to the end of the
-	// prefix. 0 means DefaultWatcherPageSize; negative is an error.
+	// compacted meanwhile starts the listing again. When 3 listings in a
+	// row are compacted away, the watcher lists in one read instead (and
+	// signals SignalWatcherListingCompacted): it syncs however often etcd
+	// compacts. Smaller pages cost etcd more: for each page it counts the
+	// keys left to the end of the prefix. 0 means DefaultWatcherPageSize;
+	// negative is an error.
 	PageSize int
 	// Logger receives the watcher's records; nil discards them.
 	Logger *slog.Logger

@@ -202,8 +202,14 @@ func (w *HostWatcher) run(ctx context.Context) {
 // relist lists the hosts until it can, and queues the differences with the
 // view. It returns the listing's revision, or false if the watcher ends.
 func (w *HostWatcher) relist(ctx, cctx context.Context, o *outbox, r *retry) (int64, bool) {
+	compacted := 0 // paged listings in a row compacted away
 	for {
-		s, err := w.list(cctx)
+		limit := w.pageSize
+		if compacted >= compactedListings {
+			// One read is never compacted away.
+			limit = 0
+		}
+		s, err := w.list(cctx, limit)
 		switch {
 		case err == nil:
 			queued := len(o.queue)
@@ -222,8 +228,16 @@ func (w *HostWatcher) relist(ctx, cctx context.Context, o *outbox, r *retry) (in
 		case errors.Is(err, rpctypes.ErrCompacted):
 			// A page is read at the first page's revision, which etcd
 			// compacted meanwhile: start again, at the latest.
-			w.log.Info("coord: listing compacted away, listing again", "err", err)
+			if compacted++; compacted < compactedListings {
+				w.log.Info("coord: listing compacted away, listing again", "err", err)
+			} else {
+				// etcd compacts faster than the pages come.
+				w.log.Warn("coord: paged listing compacted away again and again, listing in one read", "restarts", compacted, "err", err)
+				emit(w.signal, Signal{Kind: SignalWatcherListingCompacted, Key: w.prefix, Count: compacted})
+			}
 		default:
+			// The one read may have failed for its size: pages again.
+			compacted = 0
 			w.log.Warn("coord: list hosts failed, retrying", "err", err)
 			sleep(cctx, r.next())
 		}
@@ -307,11 +321,12 @@ type snapshot struct {
 	hosts []*version
 }
 
-// list reads the hosts in pages of at most pageSize keys, each read at the
-// revision of the first, so that the listing is one snapshot. It asks for
-// the next page before it decodes one: etcd serves it meanwhile.
-func (w *HostWatcher) list(ctx context.Context) (*snapshot, error) {
-	resp, err := w.page(ctx, w.prefix, 0)
+// list reads the hosts in pages of at most limit keys (0: all in one),
+// each read at the revision of the first, so that the listing is one
+// snapshot. It asks for the next page before it decodes one: etcd serves
+// it meanwhile.
+func (w *HostWatcher) list(ctx context.Context, limit int) (*snapshot, error) {
+	resp, err := w.page(ctx, w.prefix, 0, limit)
 	if err != nil {
 		return nil, err
 	}
@@ -323,7 +338,7 @@ func (w *HostWatcher) list(ctx context.Context) (*snapshot, error) {
 			next = make(chan pageResult, 1)
 			key := string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
 			go func() {
-				resp, err := w.page(ctx, key, rev)
+				resp, err := w.page(ctx, key, rev, limit)
 				next <- pageResult{resp, err}
 			}()
 		}
@@ -345,11 +360,11 @@ type pageResult struct {
 	err  error
 }
 
-// page reads the keys from key to the end of the prefix, at most pageSize
-// of them, at revision rev (0: the latest).
-func (w *HostWatcher) page(ctx context.Context, key string, rev int64) (*clientv3.GetResponse, error) {
+// page reads the keys from key to the end of the prefix, at most limit of
+// them (0: all), at revision rev (0: the latest).
+func (w *HostWatcher) page(ctx context.Context, key string, rev int64, limit int) (*clientv3.GetResponse, error) {
 	return w.cli.Get(ctx, key, clientv3.WithRange(clientv3.GetPrefixRangeEnd(w.prefix)),
-		clientv3.WithLimit(int64(w.pageSize)), clientv3.WithRev(rev))
+		clientv3.WithLimit(int64(limit)), clientv3.WithRev(rev))
 }
 
 // read adds the hosts of one page to s. A key that has not changed since

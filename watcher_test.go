@@ -893,6 +893,71 @@ func TestHostWatcherFaults(t *testing.T) {
 		wtNoErr(t, w)
 	})
 
+	t.Run("syncs though compactions keep cutting its paged listing short", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		ctx, prefix := testCtx(t), prefixFor(t)
+		const n = 40
+		wtPutHosts(t, cli, prefix, wtGrant(t, cli), n)
+		// A round trip of some 4 ms: a listing of 40 pages of one host
+		// outlasts the 50 ms between compactions.
+		px := srv.NewProxy(t)
+		px.Delay(2 * time.Millisecond)
+		tap, log := newLogTap()
+		tap.dumpOnFailure(t)
+		sig := &signals{}
+		stop := wtCompactEvery(t, cli, strings.TrimSuffix(prefix, "/")+"-tick", 50*time.Millisecond)
+		w := wtWatch(t, ctx, px.NewClient(t), WatcherOptions{Prefix: prefix, PageSize: 1, Logger: log, OnSignal: sig.hook})
+		r := newWtReplica(t)
+		for _, ev := range untilSynced(t, w) {
+			r.apply(ev)
+		}
+		stop()
+		r.matches(cli, prefix)
+		if len(r.hosts) != n {
+			t.Fatalf("%d hosts at Synced, want %d", len(r.hosts), n)
+		}
+		if s := sig.of(SignalWatcherListingCompacted); len(s) == 0 || s[0].Count != compactedListings || s[0].Key != prefix {
+			t.Fatalf("signals %+v, want one of the listing of %q compacted away %d times", s, prefix, compactedListings)
+		}
+		if !tap.has(wtFallbackMsg, "") {
+			t.Fatal("no record of the listing in one read")
+		}
+		quiet(t, cli, w, prefix)
+	})
+
+	t.Run("lists in pages again when its one read fails", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		ctx, prefix := testCtx(t), prefixFor(t)
+		wtPutHosts(t, cli, prefix, wtGrant(t, cli), 40)
+		// As above, on a client that can receive a page of one host but
+		// not the 40 in one answer: the one read fails, the listing goes
+		// back to pages, which compactions cut short again.
+		px := srv.NewProxy(t)
+		px.Delay(2 * time.Millisecond)
+		cfg := px.ClientConfig()
+		cfg.MaxCallRecvMsgSize = 4096
+		small, err := clientv3.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { small.Close() })
+		tap, log := newLogTap()
+		tap.dumpOnFailure(t)
+		stop := wtCompactEvery(t, cli, strings.TrimSuffix(prefix, "/")+"-tick", 50*time.Millisecond)
+		w := wtWatch(t, ctx, small, WatcherOptions{Prefix: prefix, PageSize: 1, Logger: log})
+		tap.wait(t, wtFallbackMsg, 2)
+		// Without the compactions, the pages get through.
+		stop()
+		r := newWtReplica(t)
+		for _, ev := range untilSynced(t, w) {
+			r.apply(ev)
+		}
+		r.matches(cli, prefix)
+		if !tap.has("coord: list hosts failed, retrying", "") {
+			t.Fatal("no record of the one read failing")
+		}
+	})
+
 	t.Run("retries listing while etcd's answer cannot be read", func(t *testing.T) {
 		srv, cli := newEtcd(t)
 		ctx, prefix := testCtx(t), prefixFor(t)
@@ -1119,6 +1184,43 @@ func untilSynced(t *testing.T, w *HostWatcher) []HostEvent {
 			t.Fatalf("Synced not closed after %d events", len(evs))
 		}
 	}
+}
+
+// wtFallbackMsg is the record of a watcher whose paged listings were
+// compacted away again and again.
+const wtFallbackMsg = "coord: paged listing compacted away again and again, listing in one read"
+
+// wtCompactEvery compacts etcd's history every d, each time after writing
+// key so that there is history to compact, until the returned function is
+// called (or the test ends); that function waits for the compactions to
+// stop.
+func wtCompactEvery(t *testing.T, cli *clientv3.Client, key string, d time.Duration) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(d)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			put, err := cli.Put(ctx, key, "x")
+			if err == nil {
+				_, err = cli.Compact(ctx, put.Header.Revision)
+			}
+			if err != nil && ctx.Err() == nil {
+				t.Errorf("compacting: %v", err)
+				return
+			}
+		}
+	}()
+	stop = func() { cancel(); <-done }
+	t.Cleanup(stop)
+	return stop
 }
 
 // wtEnded checks that Events closes, with no event left, and Wait returns.

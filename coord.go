@@ -39,7 +39,9 @@
 //   - A HostWatcher's events let a consumer keep an exact replica of the set
 //     of hosts: a snapshot, then every change, with no gap and no duplicate,
 //     across compactions, broken watches, etcd restarts and partitions (after
-//     which only the differences are emitted, as synthetic events).
+//     which only the differences are emitted, as synthetic events). Its
+//     Synced closes only once the consumer has received the snapshot: a
+//     select on Events and Synced never sees Synced first.
 //   - At most one candidate of an election believes it leads at a time,
 //     provided clocks run at the same rate: a leader steps down (Done
 //     closes, IsLeader and Token turn false and 0) once two thirds of the TTL

@@ -24,8 +24,6 @@ const (
 	// DefaultKeysPerSession is the default PoolOptions.KeysPerSession:
 	// etcd applies a put in time linear in the keys already on its lease.
 	DefaultKeysPerSession = 1000
-	// DefaultWatcherBuffer is the default capacity of HostWatcher.Events.
-	DefaultWatcherBuffer = 128
 	// DefaultMaxBacklog is the default WatcherOptions.MaxBacklog.
 	DefaultMaxBacklog = 10000
 	// DefaultWatcherPageSize is the default WatcherOptions.PageSize: a page
@@ -47,6 +45,9 @@ const (
 	maxBackoff = 2 * time.Second
 	// attemptTimeout is the least time a heal attempt is given.
 	attemptTimeout = 2 * time.Second
+	// compactedListings is how many paged listings in a row a watcher
+	// sees compacted away before it lists in one read.
+	compactedListings = 3
 	// expirySlack is how late etcd may expire a lease after its TTL: its
 	// lessor checks for expired leases every 500ms; the rest covers a
 	// revoke's trip through raft.
@@ -73,16 +74,19 @@ type LivenessOptions struct {
 }
 
 // WatcherOptions configures NewHostWatcher. The zero value watches
-// HostsPrefix with a DefaultWatcherBuffer-sized Events channel, listing in
-// pages of DefaultWatcherPageSize keys.
+// HostsPrefix, listing in pages of DefaultWatcherPageSize keys.
 type WatcherOptions struct {
 	// Prefix to watch; must end in "/". Default HostsPrefix.
 	Prefix string
 	// Self is this agent's own HostUUID: its events are not delivered and
 	// it is left out of Hosts. Empty means none.
 	Self string
-	// Buffer is the capacity of the Events channel; 0 means
-	// DefaultWatcherBuffer. Events are never dropped whatever its size.
+	// Buffer has no effect: Events is unbuffered, so that Synced can tell
+	// when the consumer has received the snapshot, and the events not
+	// received yet queue in the watcher, in order, never dropped.
+	// Negative is an error.
+	//
+	// Deprecated: leave it 0.
 	Buffer int
 	// MaxBacklog bounds the events queued for a consumer that does not
 	// keep up, beyond twice the number of hosts it knows of: past it, the
@@ -95,9 +99,12 @@ type WatcherOptions struct {
 	// the prefix (at the start, and again after a compaction or a broken
 	// watch): it reads them in pages, each at the revision of the first,
 	// so that a listing is still one snapshot; a page whose revision was
-	// compacted meanwhile starts the listing again. Smaller pages cost
-	// etcd more: for each page it counts the keys left to the end of the
-	// prefix. 0 means DefaultWatcherPageSize; negative is an error.
+	// compacted meanwhile starts the listing again. When 3 listings in a
+	// row are compacted away, the watcher lists in one read instead (and
+	// signals SignalWatcherListingCompacted): it syncs however often etcd
+	// compacts. Smaller pages cost etcd more: for each page it counts the
+	// keys left to the end of the prefix. 0 means DefaultWatcherPageSize;
+	// negative is an error.
 	PageSize int
 	// Logger receives the watcher's records; nil discards them.
 	Logger *slog.Logger

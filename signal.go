@@ -40,11 +40,15 @@ const (
 	// that ctx ended (nil if Run returned first). The shard is handed
 	// over next.
 	SignalShardReleased
+	// SignalWatcherListingCompacted: a watcher's paged listing of Key was
+	// compacted away Count times in a row (etcd compacts faster than the
+	// pages come); it lists the prefix in one read instead.
+	SignalWatcherListingCompacted
 )
 
 var signalNames = [...]string{"registered", "heal-attempt", "registration-ended",
 	"leadership-gained", "leadership-lost", "watcher-resync", "event-delivered",
-	"shard-acquired", "shard-released"}
+	"shard-acquired", "shard-released", "watcher-listing-compacted"}
 
 // String returns the signal kind's name, e.g. "leadership-lost".
 func (k SignalKind) String() string {
@@ -65,7 +69,7 @@ type Signal struct {
 	Lease   clientv3.LeaseID // lease of a registration
 	Token   int64            // fencing token of a leadership
 	Attempt int              // heal attempt
-	Count   int              // synthetic events of a resync
+	Count   int              // synthetic events of a resync; listings compacted away
 	Event   HostEventKind    // kind of a delivered event
 	Err     error            // why, where there is a why
 	Drain   time.Duration    // how long a shard's Run took to return after its ctx ended

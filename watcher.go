@@ -76,8 +76,10 @@ type HostWatcher struct {
 	// the hosts it knows of.
 	maxBacklog int
 
-	events chan HostEvent // closed by run when it ends
-	synced chan struct{}  // closed by run once the snapshot is in events
+	// events is unbuffered: a send is the consumer's receipt. The
+	// outbox is the buffer. Closed by run when it ends.
+	events chan HostEvent
+	synced chan struct{} // closed by run once the consumer has the snapshot
 	cancel context.CancelFunc
 	done   chan struct{} // closed when run returns
 
@@ -120,7 +122,7 @@ func NewHostWatcher(ctx context.Context, cli *clientv3.Client, opts WatcherOptio
 		maxBacklog: cmp.Or(opts.MaxBacklog, DefaultMaxBacklog),
 		signal:     opts.OnSignal,
 		log:        logger(opts.Logger).With("prefix", prefix),
-		events:     make(chan HostEvent, cmp.Or(opts.Buffer, DefaultWatcherBuffer)),
+		events:     make(chan HostEvent),
 		synced:     make(chan struct{}),
 		cancel:     cancel,
 		done:       make(chan struct{}),
@@ -130,13 +132,20 @@ func NewHostWatcher(ctx context.Context, cli *clientv3.Client, opts WatcherOptio
 	return w, nil
 }
 
-// Events returns the stream of host events. run closes it when the watcher
-// ends.
+// Events returns the stream of host events. The channel is unbuffered:
+// the events the consumer has not received yet wait in the watcher. run
+// closes it when the watcher ends.
 func (w *HostWatcher) Events() <-chan HostEvent { return w.events }
 
-// Synced returns a channel closed once the synthetic Up events of the
-// initial snapshot have all been sent on Events. If the watcher ends before
-// that, Synced stays open and Events closes.
+// Synced returns a channel closed once the consumer has received every
+// synthetic Up of the initial snapshot from Events: a select on both never
+// sees Synced while one of them is still to come. It closes just after the
+// last of them is received, not with it, and only if the consumer receives
+// them: wait for Synced while reading Events, not instead. If the consumer
+// fell so far behind meanwhile that it was caught up (see
+// WatcherOptions.MaxBacklog), Synced closes once it has received the
+// differences that replaced the snapshot's unsent Ups. If the watcher ends
+// before that, Synced stays open and Events closes.
 func (w *HostWatcher) Synced() <-chan struct{} { return w.synced }
 
 // Hosts returns the watcher's current view, sorted by HostUUID. It may be
@@ -193,8 +202,14 @@ func (w *HostWatcher) run(ctx context.Context) {
 // relist lists the hosts until it can, and queues the differences with the
 // view. It returns the listing's revision, or false if the watcher ends.
 func (w *HostWatcher) relist(ctx, cctx context.Context, o *outbox, r *retry) (int64, bool) {
+	compacted := 0 // paged listings in a row compacted away
 	for {
-		s, err := w.list(cctx)
+		limit := w.pageSize
+		if compacted >= compactedListings {
+			// One read is never compacted away.
+			limit = 0
+		}
+		s, err := w.list(cctx, limit)
 		switch {
 		case err == nil:
 			queued := len(o.queue)
@@ -213,8 +228,16 @@ func (w *HostWatcher) relist(ctx, cctx context.Context, o *outbox, r *retry) (in
 		case errors.Is(err, rpctypes.ErrCompacted):
 			// A page is read at the first page's revision, which etcd
 			// compacted meanwhile: start again, at the latest.
-			w.log.Info("coord: listing compacted away, listing again", "err", err)
+			if compacted++; compacted < compactedListings {
+				w.log.Info("coord: listing compacted away, listing again", "err", err)
+			} else {
+				// etcd compacts faster than the pages come.
+				w.log.Warn("coord: paged listing compacted away again and again, listing in one read", "restarts", compacted, "err", err)
+				emit(w.signal, Signal{Kind: SignalWatcherListingCompacted, Key: w.prefix, Count: compacted})
+			}
 		default:
+			// The one read may have failed for its size: pages again.
+			compacted = 0
 			w.log.Warn("coord: list hosts failed, retrying", "err", err)
 			sleep(cctx, r.next())
 		}
@@ -298,11 +321,12 @@ type snapshot struct {
 	hosts []*version
 }
 
-// list reads the hosts in pages of at most pageSize keys, each read at the
-// revision of the first, so that the listing is one snapshot. It asks for
-// the next page before it decodes one: etcd serves it meanwhile.
-func (w *HostWatcher) list(ctx context.Context) (*snapshot, error) {
-	resp, err := w.page(ctx, w.prefix, 0)
+// list reads the hosts in pages of at most limit keys (0: all in one),
+// each read at the revision of the first, so that the listing is one
+// snapshot. It asks for the next page before it decodes one: etcd serves
+// it meanwhile.
+func (w *HostWatcher) list(ctx context.Context, limit int) (*snapshot, error) {
+	resp, err := w.page(ctx, w.prefix, 0, limit)
 	if err != nil {
 		return nil, err
 	}
@@ -314,7 +338,7 @@ func (w *HostWatcher) list(ctx context.Context) (*snapshot, error) {
 			next = make(chan pageResult, 1)
 			key := string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
 			go func() {
-				resp, err := w.page(ctx, key, rev)
+				resp, err := w.page(ctx, key, rev, limit)
 				next <- pageResult{resp, err}
 			}()
 		}
@@ -336,11 +360,11 @@ type pageResult struct {
 	err  error
 }
 
-// page reads the keys from key to the end of the prefix, at most pageSize
-// of them, at revision rev (0: the latest).
-func (w *HostWatcher) page(ctx context.Context, key string, rev int64) (*clientv3.GetResponse, error) {
+// page reads the keys from key to the end of the prefix, at most limit of
+// them (0: all), at revision rev (0: the latest).
+func (w *HostWatcher) page(ctx context.Context, key string, rev int64, limit int) (*clientv3.GetResponse, error) {
 	return w.cli.Get(ctx, key, clientv3.WithRange(clientv3.GetPrefixRangeEnd(w.prefix)),
-		clientv3.WithLimit(int64(w.pageSize)), clientv3.WithRev(rev))
+		clientv3.WithLimit(int64(limit)), clientv3.WithRev(rev))
 }
 
 // read adds the hosts of one page to s. A key that has not changed since
@@ -474,7 +498,8 @@ type outbox struct {
 	// event sent.
 	replica int
 	// unsynced counts the events to send before Synced closes: -1 until
-	// the first listing, 0 once it is closed.
+	// the first listing, 0 once it is closed. Events is unbuffered: an
+	// event sent is an event received.
 	unsynced int
 	synced   chan struct{}
 }

@@ -34,11 +34,11 @@ func TestHostWatcherSnapshot(t *testing.T) {
 		for _, id := range []string{"b", "a", "c"} {
 			rev = wtPut(t, cli, prefix, meta(id), lease)
 		}
-		w := wtWatch(t, ctx, cli, WatcherOptions{Prefix: prefix, Buffer: 1})
-		// Listed, but with one slot in Events two Ups at least are unsent.
+		w := wtWatch(t, ctx, cli, WatcherOptions{Prefix: prefix})
+		// Listed, but nothing received yet.
 		eventually(t, "the snapshot in Hosts", func() bool { return len(w.Hosts()) == 3 })
 		if isClosed(w.Synced()) {
-			t.Fatal("Synced closed before the snapshot was delivered")
+			t.Fatal("Synced closed before the snapshot was received")
 		}
 		for _, id := range []string{"a", "b", "c"} {
 			ev := expect(t, w, HostUp, id)
@@ -63,6 +63,66 @@ func TestHostWatcherSnapshot(t *testing.T) {
 			t.Fatalf("events %d, hosts %v: want none", len(w.Events()), w.Hosts())
 		}
 		quiet(t, cli, w, prefix)
+	})
+
+	t.Run("closes Synced only once the consumer has received every Up of the snapshot", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		ctx, prefix := testCtx(t), prefixFor(t)
+		const n = 300
+		wtPutHosts(t, cli, prefix, wtGrant(t, cli), n)
+		for i := range 5 {
+			w := wtWatch(t, ctx, cli, WatcherOptions{Prefix: prefix})
+			// The consumer starts once the watcher has listed: the whole
+			// snapshot waits for it. Selecting on both Events and Synced,
+			// it must still receive every Up first.
+			eventually(t, "the snapshot in Hosts", func() bool { return len(w.Hosts()) == n })
+			evs := untilSynced(t, w)
+			if len(evs) != n {
+				t.Fatalf("watcher %d: Synced seen after %d events, want the %d Ups of the snapshot first", i, len(evs), n)
+			}
+			r := newWtReplica(t)
+			for _, ev := range evs {
+				if !ev.Synthetic {
+					t.Fatalf("watcher %d: snapshot event %+v not synthetic", i, ev)
+				}
+				r.apply(ev)
+			}
+			r.matches(cli, prefix)
+			w.Close()
+		}
+	})
+
+	t.Run("closes Synced only once the consumer has received the catch-up that replaced the snapshot", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		ctx := testCtx(t)
+		lease := wtGrant(t, cli)
+		const n = 200
+		for i := range 3 {
+			prefix := fmt.Sprintf("%s%d/", prefixFor(t), i)
+			wtPutRange(t, cli, prefix, lease, 0, n)
+			sig := &signals{}
+			w := wtWatch(t, ctx, cli, WatcherOptions{Prefix: prefix, MaxBacklog: 1, OnSignal: sig.hook})
+			eventually(t, "the snapshot in Hosts", func() bool { return len(w.Hosts()) == n })
+			// Before the consumer reads anything, as many hosts come: the
+			// queue, past MaxBacklog, is replaced by the differences with
+			// what the consumer has (nothing), and Synced waits for them.
+			wtPutRange(t, cli, prefix, lease, n, 2*n)
+			eventually(t, "the new hosts in Hosts", func() bool { return len(w.Hosts()) == 2*n })
+			sig.waitFor(t, SignalWatcherResync, 1)
+			evs := untilSynced(t, w)
+			if len(evs) != 2*n {
+				t.Fatalf("watcher %d: Synced seen after %d events, want the %d Ups of the catch-up first", i, len(evs), 2*n)
+			}
+			r := newWtReplica(t)
+			for _, ev := range evs {
+				if ev.Kind != HostUp || !ev.Synthetic {
+					t.Fatalf("watcher %d: catch-up event %+v, want a synthetic Up", i, ev)
+				}
+				r.apply(ev)
+			}
+			r.matches(cli, prefix)
+			w.Close()
+		}
 	})
 
 	t.Run("neither loses nor repeats a change between the snapshot and the watch", func(t *testing.T) {
@@ -115,8 +175,16 @@ func TestHostWatcherSnapshot(t *testing.T) {
 		<-started
 		w := wtWatch(t, ctx, cli, WatcherOptions{Prefix: prefix})
 		r := newWtReplica(t)
-		if !closedWithin(w.Synced()) {
-			t.Fatal("Synced not closed")
+		var snapshot int64
+		apply := func(ev HostEvent) {
+			r.apply(ev)
+			if ev.Synthetic {
+				snapshot = ev.Revision
+			}
+		}
+		// Synced waits for the consumer: read while waiting for it.
+		for _, ev := range untilSynced(t, w) {
+			apply(ev)
 		}
 		close(synced)
 		res := <-done
@@ -125,13 +193,9 @@ func TestHostWatcherSnapshot(t *testing.T) {
 		}
 		// Everything written before the marker is delivered before it.
 		marker := wtPut(t, cli, prefix, meta("zz-marker"), 0)
-		var snapshot int64
 		for {
 			ev := next(t, w)
-			r.apply(ev)
-			if ev.Synthetic {
-				snapshot = ev.Revision
-			}
+			apply(ev)
 			if ev.Revision == marker && !ev.Synthetic {
 				break
 			}
@@ -159,14 +223,14 @@ func TestHostWatcherSnapshot(t *testing.T) {
 		}
 	})
 
-	t.Run("does not block on the consumer with 1000 hosts and Buffer 1", func(t *testing.T) {
+	t.Run("does not block on the consumer with 1000 hosts", func(t *testing.T) {
 		_, cli := newEtcd(t)
 		ctx, prefix := testCtx(t), prefixFor(t)
 		const n = 1000
 		lease := wtGrant(t, cli)
 		wtPutHosts(t, cli, prefix, lease, n)
 		start := time.Now()
-		w := wtWatch(t, ctx, cli, WatcherOptions{Prefix: prefix, Buffer: 1})
+		w := wtWatch(t, ctx, cli, WatcherOptions{Prefix: prefix})
 		if d := time.Since(start); d > time.Second*scale {
 			t.Fatalf("NewHostWatcher took %v", d)
 		}
@@ -182,8 +246,7 @@ func TestHostWatcherSnapshot(t *testing.T) {
 				t.Fatalf("event %d: %+v (seen before: %v)", i, ev, seen[ev.HostUUID])
 			}
 			seen[ev.HostUUID] = true
-			// While two are unread, one at least is not in Events yet.
-			if i < n-2 && isClosed(w.Synced()) {
+			if i < n-1 && isClosed(w.Synced()) {
 				t.Fatalf("Synced closed with %d snapshot events unread", n-i-1)
 			}
 		}
@@ -759,7 +822,7 @@ func TestHostWatcherFaults(t *testing.T) {
 		lease := wtGrant(t, cli)
 		wtPutAll(t, cli, prefix, lease, "a", "b", "c")
 		sig := &signals{}
-		w := wtWatch(t, ctx, cli, WatcherOptions{Prefix: prefix, Buffer: 1, MaxBacklog: 2, OnSignal: sig.hook})
+		w := wtWatch(t, ctx, cli, WatcherOptions{Prefix: prefix, MaxBacklog: 2, OnSignal: sig.hook})
 		r := newWtReplica(t)
 		r.applyNext(w, 3)
 		if !closedWithin(w.Synced()) {
@@ -828,6 +891,71 @@ func TestHostWatcherFaults(t *testing.T) {
 		}
 		expect(t, w, HostDown, "a")
 		wtNoErr(t, w)
+	})
+
+	t.Run("syncs though compactions keep cutting its paged listing short", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		ctx, prefix := testCtx(t), prefixFor(t)
+		const n = 40
+		wtPutHosts(t, cli, prefix, wtGrant(t, cli), n)
+		// A round trip of some 4 ms: a listing of 40 pages of one host
+		// outlasts the 50 ms between compactions.
+		px := srv.NewProxy(t)
+		px.Delay(2 * time.Millisecond)
+		tap, log := newLogTap()
+		tap.dumpOnFailure(t)
+		sig := &signals{}
+		stop := wtCompactEvery(t, cli, strings.TrimSuffix(prefix, "/")+"-tick", 50*time.Millisecond)
+		w := wtWatch(t, ctx, px.NewClient(t), WatcherOptions{Prefix: prefix, PageSize: 1, Logger: log, OnSignal: sig.hook})
+		r := newWtReplica(t)
+		for _, ev := range untilSynced(t, w) {
+			r.apply(ev)
+		}
+		stop()
+		r.matches(cli, prefix)
+		if len(r.hosts) != n {
+			t.Fatalf("%d hosts at Synced, want %d", len(r.hosts), n)
+		}
+		if s := sig.of(SignalWatcherListingCompacted); len(s) == 0 || s[0].Count != compactedListings || s[0].Key != prefix {
+			t.Fatalf("signals %+v, want one of the listing of %q compacted away %d times", s, prefix, compactedListings)
+		}
+		if !tap.has(wtFallbackMsg, "") {
+			t.Fatal("no record of the listing in one read")
+		}
+		quiet(t, cli, w, prefix)
+	})
+
+	t.Run("lists in pages again when its one read fails", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		ctx, prefix := testCtx(t), prefixFor(t)
+		wtPutHosts(t, cli, prefix, wtGrant(t, cli), 40)
+		// As above, on a client that can receive a page of one host but
+		// not the 40 in one answer: the one read fails, the listing goes
+		// back to pages, which compactions cut short again.
+		px := srv.NewProxy(t)
+		px.Delay(2 * time.Millisecond)
+		cfg := px.ClientConfig()
+		cfg.MaxCallRecvMsgSize = 4096
+		small, err := clientv3.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { small.Close() })
+		tap, log := newLogTap()
+		tap.dumpOnFailure(t)
+		stop := wtCompactEvery(t, cli, strings.TrimSuffix(prefix, "/")+"-tick", 50*time.Millisecond)
+		w := wtWatch(t, ctx, small, WatcherOptions{Prefix: prefix, PageSize: 1, Logger: log})
+		tap.wait(t, wtFallbackMsg, 2)
+		// Without the compactions, the pages get through.
+		stop()
+		r := newWtReplica(t)
+		for _, ev := range untilSynced(t, w) {
+			r.apply(ev)
+		}
+		r.matches(cli, prefix)
+		if !tap.has("coord: list hosts failed, retrying", "") {
+			t.Fatal("no record of the one read failing")
+		}
 	})
 
 	t.Run("retries listing while etcd's answer cannot be read", func(t *testing.T) {
@@ -1000,8 +1128,8 @@ func TestHostWatcherLifecycle(t *testing.T) {
 		if ev := expect(t, w, HostUp, "a"); !ev.Synthetic {
 			t.Fatalf("snapshot Up %+v", ev)
 		}
-		if cap(w.Events()) != DefaultWatcherBuffer {
-			t.Fatalf("Events capacity %d, want %d", cap(w.Events()), DefaultWatcherBuffer)
+		if cap(w.Events()) != 0 {
+			t.Fatalf("Events capacity %d, want unbuffered", cap(w.Events()))
 		}
 	})
 }
@@ -1034,6 +1162,65 @@ func wtSyncedEtcd(t *testing.T) (srv *coordtest.Server, cli *clientv3.Client, ct
 	srv, cli = newEtcd(t)
 	ctx, prefix = testCtx(t), prefixFor(t)
 	return srv, cli, ctx, prefix, wtSynced(t, ctx, cli, WatcherOptions{Prefix: prefix})
+}
+
+// untilSynced reads the events of w as a consumer that selects on Events
+// and Synced does, until it sees Synced, and returns the events it read
+// before; it fails the test after patience.
+func untilSynced(t *testing.T, w *HostWatcher) []HostEvent {
+	t.Helper()
+	deadline := time.After(patience())
+	var evs []HostEvent
+	for {
+		select {
+		case ev, ok := <-w.Events():
+			if !ok {
+				t.Fatalf("events closed before Synced: %v", w.Err())
+			}
+			evs = append(evs, ev)
+		case <-w.Synced():
+			return evs
+		case <-deadline:
+			t.Fatalf("Synced not closed after %d events", len(evs))
+		}
+	}
+}
+
+// wtFallbackMsg is the record of a watcher whose paged listings were
+// compacted away again and again.
+const wtFallbackMsg = "coord: paged listing compacted away again and again, listing in one read"
+
+// wtCompactEvery compacts etcd's history every d, each time after writing
+// key so that there is history to compact, until the returned function is
+// called (or the test ends); that function waits for the compactions to
+// stop.
+func wtCompactEvery(t *testing.T, cli *clientv3.Client, key string, d time.Duration) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(d)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			put, err := cli.Put(ctx, key, "x")
+			if err == nil {
+				_, err = cli.Compact(ctx, put.Header.Revision)
+			}
+			if err != nil && ctx.Err() == nil {
+				t.Errorf("compacting: %v", err)
+				return
+			}
+		}
+	}()
+	stop = func() { cancel(); <-done }
+	t.Cleanup(stop)
+	return stop
 }
 
 // wtEnded checks that Events closes, with no event left, and Wait returns.
@@ -1126,9 +1313,16 @@ func wtPutAll(t *testing.T, cli *clientv3.Client, prefix string, lease clientv3.
 // wtPutHosts writes n hosts, h0000 on, under lease, a hundred a Txn.
 func wtPutHosts(t *testing.T, cli *clientv3.Client, prefix string, lease clientv3.LeaseID, n int) {
 	t.Helper()
-	for i := 0; i < n; i += 100 {
+	wtPutRange(t, cli, prefix, lease, 0, n)
+}
+
+// wtPutRange writes hosts h<from> to h<to-1> (four digits) under lease, a
+// hundred a Txn.
+func wtPutRange(t *testing.T, cli *clientv3.Client, prefix string, lease clientv3.LeaseID, from, to int) {
+	t.Helper()
+	for i := from; i < to; i += 100 {
 		var ops []clientv3.Op
-		for j := i; j < min(i+100, n); j++ {
+		for j := i; j < min(i+100, to); j++ {
 			id := fmt.Sprintf("h%04d", j)
 			ops = append(ops, clientv3.OpPut(prefix+id, wtJSON(meta(id)), clientv3.WithLease(lease)))
 		}

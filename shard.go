@@ -72,7 +72,6 @@ type ShardSet struct {
 	members     map[string]ShardMember          // announced members, by HostUUID
 	cands       map[string]map[string]candidate // by shard, by candidate key
 	workers     map[string]*shardWorker         // by shard: the one that campaigns or runs it
-	memberSess  *session                        // the session our member key is on
 	draining    bool
 	moves       int             // our campaigns to take a shard over from another live member
 	waitMove    map[string]bool // shards we want, waiting for a move slot
@@ -187,11 +186,10 @@ func newShardSet(cli *clientv3.Client, opts ShardOptions, pool *ElectionPool, w 
 // and waits, within ctx, until all are known.
 func (s *ShardSet) start(ctx context.Context) error {
 	sess, err := startSession(ctx, s.ctx, s.cli, s.opts.TTL, s.log, &s.leases)
-	if err != nil {
-		return err
+	if err == nil {
+		err = s.announce(ctx, sess)
 	}
-	s.memberSess = sess
-	if err := s.announce(ctx, sess); err != nil {
+	if err != nil {
 		return err
 	}
 	s.wg.Add(3)
@@ -296,15 +294,18 @@ func ranksBefore(shard, a, b string) bool {
 	return wa > wb || wa == wb && a < b
 }
 
-// wantLocked reports whether we want shard: we are among its candidates;
-// or, draining, we run it and its next candidate is not in line yet.
+// wantLocked reports whether we want shard: we are a live member, and
+// among its candidates, or we run it: an owner keeps its shard until the
+// next candidate is in line to take it over (see outranked), so that a
+// planned move leaves no gap beyond the handoff.
 func (s *ShardSet) wantLocked(shard string) bool {
-	if s.draining {
-		_, live := s.memberLocked(s.opts.Self)
-		w := s.workers[shard]
-		return live && w != nil && w.stopRun != nil
+	if _, live := s.memberLocked(s.opts.Self); !live {
+		return false
 	}
-	return s.rankedLocked(shard)
+	if w := s.workers[shard]; w != nil && w.stopRun != nil {
+		return true
+	}
+	return !s.draining && s.rankedLocked(shard)
 }
 
 // outranked reports whether one of cands, in line behind our leadership
@@ -513,9 +514,9 @@ func (s *ShardSet) followCandidates() {
 				for _, kv := range resp.Kvs {
 					s.noteLocked(kv, false)
 				}
-				if _, ok := s.members[s.opts.Self]; !ok {
-					s.askReannounceLocked()
-				}
+				// Our member key may have gone while we were not
+				// watching: it is put again, whether or not it did.
+				s.askReannounceLocked()
 				s.candsListed = true
 			})
 			err = s.watchCandidates(resp.Header.Revision+1, &r)

@@ -110,9 +110,6 @@ func (s *ShardSet) selfLocked() ShardMember {
 
 // rankedLocked reports whether we are among shard's candidates.
 func (s *ShardSet) rankedLocked(shard string) bool {
-	if _, live := s.memberLocked(s.opts.Self); !live || s.draining {
-		return false
-	}
 	var live []ShardMember
 	for h, m := range s.members {
 		if s.hosts[h] && !m.Draining {
@@ -178,9 +175,7 @@ func (s *ShardSet) keepAnnounced(sess *session) {
 			next, err := startSession(s.ctx, s.ctx, s.cli, s.opts.TTL, s.log, &s.leases)
 			if err == nil {
 				if err = s.announce(s.ctx, next); err == nil {
-					s.mu.Lock()
-					s.memberSess, sess = next, next
-					s.mu.Unlock()
+					sess = next
 					break
 				}
 				next.end(errAnnounceFailed)

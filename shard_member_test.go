@@ -1,6 +1,7 @@
 package coord
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -23,6 +25,8 @@ func TestShardMembers(t *testing.T) {
 	t.Run("weights: shares in proportion to the weights", testShardWeights)
 	t.Run("zones: a shard's candidates are in distinct zones", testShardZones)
 	t.Run("a member key deleted or its lease revoked is announced again; a value that is no member is skipped", testShardReannounce)
+	t.Run("a member that may not announce itself retries until it may", testShardAnnounceRefused)
+	t.Run("Drain with nobody to hand over to keeps every shard, and returns at its ctx", testShardDrainAlone)
 	t.Run("the client closed: Done closes and Err is ErrClientClosed", testShardClientClosed)
 	t.Run("Run is called only for shards we rank for: decisions on complete views", testShardCompleteViews)
 }
@@ -165,8 +169,10 @@ func testShardDrain(t *testing.T) {
 	}
 }
 
-// smRecorder records the events under ShardsPrefix from its start on.
+// smRecorder records the keys under ShardsPrefix at its start, and the
+// events from then on.
 type smRecorder struct {
+	start  []*mvccpb.KeyValue
 	mu     sync.Mutex
 	events []*clientv3.Event
 	seen   chan struct{} // closed once the sentinel key is seen
@@ -178,12 +184,12 @@ const smSentinel = ShardsPrefix + "zz-sentinel"
 
 func smRecord(t *testing.T, cli *clientv3.Client) *smRecorder {
 	t.Helper()
-	resp, err := cli.Get(testCtx(t), "x")
+	resp, err := cli.Get(testCtx(t), ShardsPrefix, clientv3.WithPrefix())
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(testCtx(t))
-	r := &smRecorder{seen: make(chan struct{}), cancel: cancel, done: make(chan struct{})}
+	r := &smRecorder{start: resp.Kvs, seen: make(chan struct{}), cancel: cancel, done: make(chan struct{})}
 	wch := cli.Watch(ctx, ShardsPrefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
 	go func() {
 		defer close(r.done)
@@ -227,8 +233,14 @@ func testShardMaxMoves(t *testing.T) {
 	// Replay: per shard, the candidates in line. With Replicas 1, a
 	// candidacy of the joiner behind another's is a takeover in flight.
 	line := map[string][]*mvccpb.KeyValue{}
+	start := slices.SortedFunc(slices.Values(rec.start), func(a, b *mvccpb.KeyValue) int { return cmp.Compare(a.CreateRevision, b.CreateRevision) })
+	var events []*clientv3.Event
+	for _, kv := range start {
+		events = append(events, &clientv3.Event{Type: clientv3.EventTypePut, Kv: kv})
+	}
+	events = append(events, rec.stop(t, srv.Client())...)
 	most, took := 0, 0
-	for _, ev := range rec.stop(t, srv.Client()) {
+	for _, ev := range events {
 		shard, _, ok := strings.Cut(strings.TrimPrefix(string(ev.Kv.Key), ShardsPrefix), "/")
 		if !ok || shard == ShardMemberSegment {
 			continue
@@ -250,7 +262,7 @@ func testShardMaxMoves(t *testing.T) {
 		}
 		most = max(most, moving)
 	}
-	t.Logf("the joiner took %d shards over, at most %d at once (MaxMoves 2; %d events)", took, most, len(line))
+	t.Logf("the joiner took %d shards over, at most %d at once (MaxMoves 2)", took, most)
 	if most > 2 || took <= 2 {
 		t.Fatalf("%d takeovers in flight at once, want at most 2 (of %d taken over)", most, took)
 	}
@@ -345,6 +357,43 @@ func testShardReannounce(t *testing.T) {
 	var m ShardMember
 	if err := json.Unmarshal(waitKey(t, cli, key, func(kv *mvccpb.KeyValue) bool { return kv != nil }).Value, &m); err != nil || m != want[0] {
 		t.Fatalf("member key %+v, %v; want %+v", m, err, want[0])
+	}
+}
+
+func testShardAnnounceRefused(t *testing.T) {
+	srv, _ := newEtcd(t)
+	login := enableAuth(t, srv, map[string][]keyRange{"m": {prefixRange(HostsPrefix), prefixRange(ShardsPrefix)}})
+	root, cli := login("root"), login("m")
+	register(t, cli, "a", LivenessOptions{})
+	tap, log := newLogTap()
+	s := shSet(t, cli, "a", newShLedger(), ShardOptions{Shards: shNames(2), Logger: log})
+	key := memberKey(ShardsPrefix, "a")
+	first := waitKey(t, root, key, func(kv *mvccpb.KeyValue) bool { return kv != nil })
+	// Its member lease is revoked while it may not write its key: it
+	// grants another, fails to announce, and retries until it may.
+	if _, err := root.RoleRevokePermission(testCtx(t), "m", ShardsPrefix, clientv3.GetPrefixRangeEnd(ShardsPrefix)); err != nil {
+		t.Fatal(err)
+	}
+	etRevoke(t, root, clientv3.LeaseID(first.Lease))
+	tap.wait(t, "coord: shard set: cannot announce member, retrying", 1)
+	if _, err := root.RoleGrantPermission(testCtx(t), "m", ShardsPrefix, clientv3.GetPrefixRangeEnd(ShardsPrefix), clientv3.PermissionType(clientv3.PermReadWrite)); err != nil {
+		t.Fatal(err)
+	}
+	waitKey(t, root, key, func(kv *mvccpb.KeyValue) bool { return kv != nil && kv.Lease != first.Lease })
+	s.Close()
+}
+
+func testShardDrainAlone(t *testing.T) {
+	_, l, shards, hosts := shFleet(t, 2, 1)
+	h := hosts[0].start(t, l, ShardOptions{Shards: shards})
+	l.until(t, "every shard owned", func() bool { return len(h.set.Owned()) == len(shards) })
+	ctx, cancel := context.WithTimeout(testCtx(t), 200*time.Millisecond)
+	defer cancel()
+	if err := h.set.Drain(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Drain with nobody to hand over to: %v, want DeadlineExceeded", err)
+	}
+	if got := h.set.Owned(); len(got) != len(shards) {
+		t.Fatalf("owns %v while draining alone, want every shard kept", got)
 	}
 }
 

@@ -1351,6 +1351,10 @@ func testShardClose(t *testing.T) {
 	if _, err := a.set.Owner(ctx, shards[1]); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Owner after Close: %v, want ErrClosed", err)
 	}
+	waitClosed(t, a.set.Done(), "Done after Close")
+	if err := a.set.Err(); err != nil {
+		t.Fatalf("Err after Close: %v, want nil", err)
+	}
 }
 
 func testShardCloseWaitsForRun(t *testing.T) {
@@ -1441,9 +1445,23 @@ func testShardUnreachable(t *testing.T) {
 	if took := time.Since(start); took > 300*time.Millisecond+200*time.Millisecond*scale {
 		t.Fatalf("took %v, the ctx was 300ms", took)
 	}
-	login := enableAuth(t, srv, map[string][]keyRange{"shards-only": {prefixRange(ShardsPrefix)}})
+	login := enableAuth(t, srv, map[string][]keyRange{
+		"shards-only":   {prefixRange(ShardsPrefix)},
+		"hosts-only":    {prefixRange(HostsPrefix)},
+		"no-candidates": {prefixRange(HostsPrefix), {memberKey(ShardsPrefix, "a"), ""}},
+	})
 	if s, err := NewShardSet(testCtx(t), login("shards-only"), opts); s != nil || !errors.Is(err, rpctypes.ErrPermissionDenied) {
 		t.Fatalf("NewShardSet without access to the hosts: %v, %v; want permission denied", s, err)
+	}
+	if s, err := NewShardSet(testCtx(t), login("hosts-only"), opts); s != nil || !errors.Is(err, rpctypes.ErrPermissionDenied) {
+		t.Fatalf("NewShardSet that may not announce itself: %v, %v; want permission denied", s, err)
+	}
+	// It may announce itself, but never list the candidates: it waits
+	// for them until its ctx ends.
+	ctx, cancel = context.WithTimeout(testCtx(t), 500*time.Millisecond)
+	defer cancel()
+	if s, err := NewShardSet(ctx, login("no-candidates"), opts); s != nil || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("NewShardSet that may not read the candidates: %v, %v; want DeadlineExceeded", s, err)
 	}
 }
 

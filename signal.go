@@ -40,11 +40,17 @@ const (
 	// that ctx ended (nil if Run returned first). The shard is handed
 	// over next.
 	SignalShardReleased
+	// SignalPermitAcquired: we hold a permit of semaphore Key with
+	// fencing Token.
+	SignalPermitAcquired
+	// SignalPermitReleased: our permit of semaphore Key with Token ended,
+	// for any reason (Release, expiry, step-down, key deleted, Close).
+	SignalPermitReleased
 )
 
 var signalNames = [...]string{"registered", "heal-attempt", "registration-ended",
 	"leadership-gained", "leadership-lost", "watcher-resync", "event-delivered",
-	"shard-acquired", "shard-released"}
+	"shard-acquired", "shard-released", "permit-acquired", "permit-released"}
 
 // String returns the signal kind's name, e.g. "leadership-lost".
 func (k SignalKind) String() string {
@@ -61,9 +67,9 @@ func (k SignalKind) String() string {
 type Signal struct {
 	Kind    SignalKind
 	Host    string           // host UUID
-	Key     string           // host key, election key, watched prefix, or shard name
+	Key     string           // host key, election or semaphore key, watched prefix, or shard name
 	Lease   clientv3.LeaseID // lease of a registration
-	Token   int64            // fencing token of a leadership
+	Token   int64            // fencing token of a leadership or a permit
 	Attempt int              // heal attempt
 	Count   int              // synthetic events of a resync
 	Event   HostEventKind    // kind of a delivered event

@@ -1,9 +1,15 @@
 package coord
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
 	"slices"
+	"syscall"
 	"testing"
 	"time"
 
@@ -11,6 +17,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/go-coord/coord/coordtest"
+	"github.com/go-coord/coord/internal/testenv"
 )
 
 // smKey is the semaphore key of the tests: each test has an etcd of its own.
@@ -523,12 +530,19 @@ func TestNewSemaphore(t *testing.T) {
 func TestSemaphoreStepDown(t *testing.T) {
 	t.Parallel() // long and bound by waits: see "Parallel tests" in helpers_test.go
 	for _, shape := range []struct {
-		name       string
-		cut, uncut func(*coordtest.Proxy, time.Duration)
+		name string
+		cut  func(p *coordtest.Proxy, ttl time.Duration) (undo func())
 	}{
-		{"silent", func(p *coordtest.Proxy, _ time.Duration) { p.Blackhole() }, func(p *coordtest.Proxy, _ time.Duration) { p.Unblackhole() }},
-		{"paused link", func(p *coordtest.Proxy, _ time.Duration) { p.Pause() }, func(p *coordtest.Proxy, _ time.Duration) { p.Unpause() }},
-		{"slow", func(p *coordtest.Proxy, ttl time.Duration) { p.Delay(ttl / 2) }, func(p *coordtest.Proxy, _ time.Duration) { p.Delay(0) }},
+		{"silent", func(p *coordtest.Proxy, _ time.Duration) func() { p.Blackhole(); return p.Unblackhole }},
+		{"paused link", func(p *coordtest.Proxy, _ time.Duration) func() { p.Pause(); return p.Unpause }},
+		{"slow", func(p *coordtest.Proxy, ttl time.Duration) func() { p.Delay(ttl / 2); return func() { p.Delay(0) } }},
+		// Every connection is reset as soon as it is made, so that each
+		// try fails at once, for half the TTL; then the link is silent.
+		{"failing fast then silent", func(p *coordtest.Proxy, ttl time.Duration) func() {
+			p.Blackhole()
+			stop := mdResets(p, ttl/2)
+			return func() { stop(); p.Unblackhole() }
+		}},
 	} {
 		t.Run(shape.name, func(t *testing.T) {
 			t.Parallel()
@@ -542,8 +556,7 @@ func TestSemaphoreStepDown(t *testing.T) {
 			p1, p2 := smAcquire(t, a), smAcquire(t, a)
 			res := smQueue(t, testCtx(t), cli, b, 3)
 			guard := p1.Guard()
-			t.Cleanup(func() { shape.uncut(px, ttl) })
-			shape.cut(px, ttl)
+			t.Cleanup(shape.cut(px, ttl))
 			waitClosed(t, p1.Done(), "Done of the permit cut off")
 			stepped := time.Now()
 			waitClosed(t, p2.Done(), "Done of the other permit cut off")
@@ -557,8 +570,9 @@ func TestSemaphoreStepDown(t *testing.T) {
 			}
 			r := smGot(t, res)
 			margin := r.at.Sub(stepped)
-			t.Logf("shape %s: stepped down %v after last answer (2/3 TTL = %v), successor acquired %v later (%.0f ms)",
-				shape.name, after.Round(time.Millisecond), 2*ttl/3, margin.Round(time.Millisecond), float64(margin)/float64(time.Millisecond))
+			t.Logf("shape %s: stepped down %v after last answer (2/3 TTL = %v), successor acquired %v later (%.0f ms); %d renewal tries failed",
+				shape.name, after.Round(time.Millisecond), 2*ttl/3, margin.Round(time.Millisecond), float64(margin)/float64(time.Millisecond),
+				tap.count("coord: lease renewal failed"))
 			if margin <= 0 {
 				t.Errorf("the successor acquired %v before the permit cut off ended", -margin)
 			}
@@ -566,5 +580,159 @@ func TestSemaphoreStepDown(t *testing.T) {
 				t.Error("a write under the Guard of the permit cut off succeeded")
 			}
 		})
+	}
+}
+
+// The helper process of the paused-holder test: smChild, run by TestMain
+// when childEnv is smChildRole. It holds a permit of smKey (Limit 1) on
+// the etcd at sdEndpointEnv, says so on stdout ("holding token=T
+// lease=L"), then answers commands read from stdin, a line each, until
+// stdin ends:
+//
+//	state  "state done=B stepped=NS last=NS": whether Done is closed,
+//	       judged at once without a call to etcd; how long the Done
+//	       captured while holding then took to close, in ns (-1: not
+//	       within sdSlack); the wall time of the last answered renewal.
+//	guard  "guard captured=B now=B": whether a write under the Guard
+//	       captured while holding, and under Guard now, succeeds.
+//
+// On error it prints "error ..." and exits.
+const smChildRole = "stepdown-holder"
+
+func smChild() int {
+	fail := func(what string, err error) int {
+		fmt.Printf("error %s: %v\n", what, err)
+		return 1
+	}
+	ttl, err := time.ParseDuration(os.Getenv(sdTTLEnv))
+	if err != nil {
+		return fail("TTL", err)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{os.Getenv(sdEndpointEnv)}, DialTimeout: coordtest.ClientDialTimeout})
+	if err != nil {
+		return fail("client", err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), patience())
+	defer cancel()
+	s, err := NewSemaphore(ctx, cli, SemaphoreOptions{Key: smKey, Limit: 1, TTL: ttl, Identity: "child",
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	if err != nil {
+		return fail("semaphore", err)
+	}
+	defer s.Close()
+	p, err := s.Acquire(ctx)
+	if err != nil {
+		return fail("acquire", err)
+	}
+	guard, done := p.Guard(), p.Done()
+	fmt.Printf("holding token=%d lease=%x\n", p.Token(), int64(p.l.sess.id))
+	guarded := func(cmp clientv3.Cmp) (bool, error) {
+		resp, err := cli.Txn(ctx).If(cmp).Then(clientv3.OpPut("/coord/test/fenced", "child")).Commit()
+		return err == nil && resp.Succeeded, err
+	}
+	for in := bufio.NewScanner(os.Stdin); in.Scan(); {
+		switch in.Text() {
+		case "state":
+			read, closed, stepped := time.Now(), isClosed(p.Done()), time.Duration(-1)
+			if closedWithinSlack(done) {
+				stepped = time.Since(read)
+			}
+			fmt.Printf("state done=%t stepped=%d last=%d\n", closed, stepped, p.l.sess.k.lastAnswer().UnixNano())
+		case "guard":
+			captured, err := guarded(guard)
+			if err != nil {
+				return fail("write under the captured Guard", err)
+			}
+			now, err := guarded(p.Guard())
+			if err != nil {
+				return fail("write under Guard", err)
+			}
+			fmt.Printf("guard captured=%t now=%t\n", captured, now)
+		default:
+			return fail("command", fmt.Errorf("unknown %q", in.Text()))
+		}
+	}
+	return 0
+}
+
+// closedWithinSlack reports whether c is closed within sdSlack.
+func closedWithinSlack(c <-chan struct{}) bool {
+	timer := time.NewTimer(sdSlack())
+	defer timer.Stop()
+	select {
+	case <-c:
+		return true
+	case <-timer.C:
+		return false
+	}
+}
+
+// TestSemaphorePausedHolder: a holder whose process is paused past the
+// 2/3 mark finds, on resuming, that its permit ended, before any call to
+// etcd; its successor was granted the slot only after its lease expired,
+// and its Guard no longer holds.
+func TestSemaphorePausedHolder(t *testing.T) {
+	t.Parallel() // long and bound by waits: see "Parallel tests" in helpers_test.go
+	srv, cli := newEtcd(t)
+	px := srv.NewProxy(t)
+	ttl := 2 * time.Second * scale
+	b := smSemaphore(t, cli, SemaphoreOptions{Limit: 1, TTL: ttl})
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := append(os.Environ(), childEnv+"="+smChildRole, sdEndpointEnv+"="+px.Endpoint(), sdTTLEnv+"="+ttl.String())
+	child, err := sdStart(env, exe)
+	if errors.Is(err, syscall.ENOEXEC) {
+		// Under user-mode emulation, run it under the same emulator (see
+		// sdStartChild).
+		if emu, lerr := exec.LookPath(testenv.Emulator()); lerr == nil {
+			child, err = sdStart(env, emu, exe)
+		}
+	}
+	if err != nil {
+		t.Fatalf("starting the helper process: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = child.cmd.Process.Kill()
+		close(child.quit)
+		<-child.read
+		_ = child.cmd.Wait()
+		if t.Failed() {
+			t.Logf("helper process's stderr:\n%s", child.stderr.String())
+		}
+	})
+	var token, lease int64
+	child.expect(t, "holding token=%d lease=%x", &token, &lease)
+	guard := clientv3.Compare(clientv3.CreateRevision(smPrefix+hexID(clientv3.LeaseID(lease))+"-1"), "=", token)
+	res := smQueue(t, testCtx(t), cli, b, 2)
+	child.signal(t, syscall.SIGSTOP)
+	r := smGot(t, res)
+	if got := etTTL(t, cli, clientv3.LeaseID(lease)); got != -1 {
+		t.Fatalf("the paused holder's lease has TTL %d after the successor acquired, want -1", got)
+	}
+	// No renewal can be answered while it judges whether it holds.
+	px.Pause()
+	child.send(t, "state")
+	child.signal(t, syscall.SIGCONT)
+	var done bool
+	var stepped, last int64
+	child.expect(t, "state done=%t stepped=%d last=%d", &done, &stepped, &last)
+	px.Unpause()
+	child.send(t, "guard")
+	var captured, now bool
+	child.expect(t, "guard captured=%t now=%t", &captured, &now)
+	margin := r.at.Sub(time.Unix(0, last).Add(2 * ttl / 3))
+	t.Logf("paused holder: on resume Done closed %v (the captured Done within %v: %v); successor acquired %v (%.0f ms) after the 2/3 mark",
+		done, sdSlack(), stepped >= 0, margin.Round(time.Millisecond), float64(margin)/float64(time.Millisecond))
+	if !done || stepped < 0 {
+		t.Errorf("on resume: Done closed %v, the captured Done closed within %v: %v; want both", done, sdSlack(), stepped >= 0)
+	}
+	if margin <= 0 {
+		t.Errorf("the successor acquired %v before the 2/3 mark after the last answer", -margin)
+	}
+	if captured || now || etGuarded(t, srv.NewClient(t), guard) {
+		t.Errorf("a write under the paused holder's Guard succeeded: captured %v, now %v", captured, now)
 	}
 }

@@ -296,6 +296,31 @@ func TestSemaphore(t *testing.T) {
 		}
 	})
 
+	t.Run("a waiting Acquire cut off from etcd waits through the outage and queues again", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		px := srv.NewProxy(t)
+		a := smSemaphore(t, cli, SemaphoreOptions{Limit: 1})
+		tap, log := newLogTap()
+		b := smSemaphore(t, px.NewClient(t), SemaphoreOptions{Limit: 1, TTL: time.Second, Logger: log})
+		p := smAcquire(t, a)
+		res := smAcquireAsync(testCtx(t), b)
+		// Cut off once b waits, not while its put is on the way.
+		tap.wait(t, "coord: acquire waits for its turn", 1)
+		old := etSemSession(b)
+		bKey := string(candidates(t, cli, smPrefix)[1].Key)
+		px.Blackhole()
+		waitClosed(t, old.ctx.Done(), "the cut-off session")
+		smWaiting(t, res)
+		px.Unblackhole()
+		// The old key goes with its lease; b queues again on a new one.
+		etWaitCount(t, cli, bKey, 0)
+		eventually(t, "queued again", func() bool { return len(candidates(t, cli, smPrefix)) == 2 })
+		smRelease(t, cli, p)
+		if q := smGot(t, res).p; q.l.sess == old {
+			t.Fatal("permit held on the cut-off session")
+		}
+	})
+
 	t.Run("an Acquire that fails returns within its ctx and leaves no key", func(t *testing.T) {
 		srv, cli := newEtcd(t)
 		a := smSemaphore(t, cli, SemaphoreOptions{Limit: 1})

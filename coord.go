@@ -3,7 +3,8 @@
 // of the live hosts, per-key leader election (an Election, or many sharing
 // their sessions in an ElectionPool), and a ShardSet, which spreads work
 // split into named shards over the live hosts, each shard owned by one host
-// at a time and handed over without overlap.
+// at a time and handed over without overlap, and a Semaphore, N fenced
+// permits fleet-wide.
 //
 // The caller owns the *clientv3.Client: coord never dials, never closes it
 // and opens no connection of its own. Closing the client ends everything
@@ -26,6 +27,11 @@
 // /coord/shards/<name>/<lease id in hex>, each holding its host's HostUUID,
 // and its owner is the candidate with the lowest create revision. Every host
 // registered under the ShardSet's HostPrefix is ranked for the shards.
+//
+// A semaphore on key K stores its Limit at K (a decimal, without lease);
+// its permits are K/<lease id in hex>-<n>, each holding its holder's
+// identity, and the first Limit of them by create revision are held. An
+// Election is a semaphore of one: both run the same candidacies.
 //
 // # Guarantees
 //
@@ -51,6 +57,8 @@
 //     is judged at the call on the monotonic clock. Fencing tokens of
 //     successive leaders strictly increase; Guard turns that into a Txn
 //     condition.
+//   - Never more than Limit permits of a semaphore are held at once, by the
+//     same rule: a permit cut off from etcd ends before etcd can expire it.
 //   - Every call given a ctx returns within it; cleanup that must outlive it
 //     (withdrawing a candidate key, revoking a lease) goes on in the
 //     background, bounded by the TTL.

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -29,6 +28,7 @@ type Election struct {
 	signal   func(Signal)
 	pool     *ElectionPool // the pool whose sessions it shares; nil if it has its own
 	slot     *poolSession  // its place on a shared session; guarded by pool.mu
+	c        *candidacy    // our place in line, taken by each campaign
 
 	ctx    context.Context // ended by Close, with cause ErrClosed
 	cancel context.CancelCauseFunc
@@ -41,24 +41,9 @@ type Election struct {
 	lead    *leadership             // the latest leadership; over once its ctx is done
 	pending context.CancelCauseFunc // ends the campaign under way, if any
 	// campaigned is closed when the campaign under way, if any, has
-	// returned: what it left in etcd is then being settled (unsettled).
+	// returned: what it left in etcd is then being settled (c.settling).
 	campaigned <-chan struct{}
-	// unsettled is closed once what a candidacy given up left in etcd (its
-	// put, or its key being withdrawn) is settled.
-	unsettled <-chan struct{}
 }
-
-// leadership is one term as leader. Its ctx's cause says why it ended.
-type leadership struct {
-	key    string
-	rev    int64    // create revision of key: the fencing token
-	sess   *session // the session whose lease the key is attached to
-	ctx    context.Context
-	cancel context.CancelCauseFunc
-}
-
-// errKeyDeleted is why a leadership whose key was deleted ended.
-var errKeyDeleted = errors.New("leader key deleted")
 
 // NewElection joins the election on opts.Key with a new session. ctx bounds
 // the session's creation only; the election lives until Close.
@@ -83,19 +68,28 @@ func NewElection(ctx context.Context, cli *clientv3.Client, opts ElectionOptions
 
 func newElection(cli *clientv3.Client, key string, ttl time.Duration, identity string, log *slog.Logger, signal func(Signal)) *Election {
 	ctx, cancel := context.WithCancelCause(context.Background())
-	return &Election{
-		cli:       cli,
-		key:       key,
-		prefix:    key + "/",
-		ttl:       ttl,
-		identity:  identityOrDefault(identity),
-		log:       log.With("key", key),
-		signal:    signal,
-		ctx:       ctx,
-		cancel:    cancel,
-		turn:      make(chan struct{}, 1),
-		unsettled: closedChan,
+	e := &Election{
+		cli:      cli,
+		key:      key,
+		prefix:   key + "/",
+		ttl:      ttl,
+		identity: identityOrDefault(identity),
+		log:      log.With("key", key),
+		signal:   signal,
+		ctx:      ctx,
+		cancel:   cancel,
+		turn:     make(chan struct{}, 1),
 	}
+	e.c = &candidacy{cli: cli, key: key, prefix: e.prefix, limit: 1, words: electionWords, log: e.log,
+		signal: signal, session: e.session, held: e.held, wg: &e.wg, unsettled: closedChan}
+	return e
+}
+
+// held publishes leadership l, before it is announced.
+func (e *Election) held(l *leadership) {
+	e.mu.Lock()
+	e.lead = l
+	e.mu.Unlock()
 }
 
 // session returns the live session, starting a new one if it ended.
@@ -133,15 +127,7 @@ func (e *Election) bind(ctx context.Context) (context.Context, context.CancelFun
 // ErrClientClosed once the client is closed, else what was being done,
 // wrapping err (and the end of ctx).
 func (e *Election) callErr(ctx context.Context, what string, err error) error {
-	switch {
-	case e.ctx.Err() != nil:
-		err = ErrClosed
-	case e.cli.Ctx().Err() != nil:
-		err = ErrClientClosed
-	case ctx.Err() != nil && !errors.Is(err, ctx.Err()):
-		err = fmt.Errorf("%w (%w)", ctx.Err(), err)
-	}
-	return opErr(fmt.Sprintf("%s %q", what, e.key), err)
+	return explain(ctx, e.ctx, e.cli, what, e.key, err)
 }
 
 // current returns the leadership in force, or nil. It is judged at the
@@ -216,17 +202,11 @@ func (e *Election) campaign(ctx context.Context, identity string, wait bool) (bo
 			return false, e.campaignErr(ctx, cctx, err)
 		}
 	}
-	var r retry
-	for {
-		won, err := e.try(cctx, identity, wait)
-		if err == nil {
-			return won, nil
-		}
-		if !wait || cctx.Err() != nil || fatal(cctx, e.cli, err) != nil || !sleep(cctx, r.next()) {
-			return false, e.campaignErr(ctx, cctx, err)
-		}
-		e.log.Info("coord: campaign queues again", "err", err)
+	l, err := e.c.run(cctx, identity, wait)
+	if err != nil {
+		return false, e.campaignErr(ctx, cctx, err)
 	}
+	return l != nil, nil
 }
 
 // takeTurn takes the campaign turn. Without wait it does not wait for a
@@ -266,362 +246,6 @@ func (e *Election) campaignErr(ctx, cctx context.Context, err error) error {
 		return opErr(fmt.Sprintf("campaign %q", e.key), ErrResigned)
 	}
 	return e.callErr(ctx, "campaign", err)
-}
-
-// try runs one candidacy on the live session: it puts our key, waits for
-// our turn (when wait is set) and takes the lead. It returns false, nil
-// when !wait and someone is ahead. On error our key is withdrawn.
-func (e *Election) try(ctx context.Context, identity string, wait bool) (bool, error) {
-	s, err := e.session(ctx)
-	if err != nil {
-		return false, err
-	}
-	key, rev, hdr, err := e.candidate(ctx, s, identity)
-	if err != nil {
-		return false, err
-	}
-	if hdr == 0 && wait {
-		hdr, err = e.waitTurn(ctx, s, key, rev)
-	}
-	if err == nil && hdr != 0 {
-		if err = e.takeLead(ctx, s, key, rev, hdr, identity); err == nil {
-			return true, nil
-		}
-	}
-	e.withdraw(ctx, s, key, rev)
-	return false, err
-}
-
-// candidate puts our candidate key, proclaiming identity, and returns it
-// with its create revision, and the revision at which we lead if no
-// candidate is ahead of it (else 0): one round trip when uncontended. A
-// key of our lease already there (left by a program sharing our lease, as
-// etcd's concurrency package allows) is taken over in the same
-// transaction.
-//
-// The put is not bound to ctx: a put given up may still land, after any
-// delete sent meanwhile. When ctx ends first, it goes on in the
-// background, bounded by the TTL, and its key is taken back once its
-// fate is known (see unput).
-func (e *Election) candidate(ctx context.Context, s *session, identity string) (key string, rev, hdr int64, _ error) {
-	key = e.prefix + hexID(s.id)
-	// A candidacy given up earlier is settled first (its put, or its
-	// withdrawal): its key is this one, and its delete must not take the
-	// key of this candidacy.
-	if !within(ctx, e.settling()) {
-		return "", 0, 0, ctx.Err()
-	}
-	res := e.put(s, key, identity)
-	var p putResult
-	select {
-	case p = <-res:
-	case <-ctx.Done():
-		k := key // key, a result, is cleared by the return
-		e.settle(func() { e.unput(s, k, <-res) })
-		return "", 0, 0, ctx.Err()
-	}
-	switch {
-	case errors.Is(p.err, rpctypes.ErrLeaseNotFound):
-		// The lease expired before the session noticed.
-		s.end(fmt.Errorf("lease %x expired or revoked", int64(s.id)))
-		return "", 0, 0, fmt.Errorf("%w: session ended: %w", ErrLeadershipLost, s.Err())
-	case p.err != nil:
-		e.unput(s, key, p)
-		return "", 0, 0, fmt.Errorf("put candidate key: %w", p.err)
-	}
-	rev = p.rev()
-	// Our key is there: the first candidate is ours, or one ahead of us.
-	if p.resp.Responses[len(p.resp.Responses)-1].GetResponseRange().Kvs[0].CreateRevision == rev {
-		hdr = p.resp.Header.Revision
-	}
-	return key, rev, hdr, nil
-}
-
-// putResult is the outcome of a candidate put.
-type putResult struct {
-	resp *clientv3.TxnResponse
-	err  error
-}
-
-// rev returns the create revision of the candidate key a put left.
-func (p putResult) rev() int64 {
-	if !p.resp.Succeeded {
-		return p.resp.Responses[0].GetResponseRange().Kvs[0].CreateRevision
-	}
-	return p.resp.Header.Revision
-}
-
-// put sends our candidate put, bounded by the TTL and the session, and
-// returns its outcome on a channel.
-func (e *Election) put(s *session, key, identity string) <-chan putResult {
-	res := make(chan putResult, 1)
-	e.wg.Add(1)
-	go func() {
-		defer e.wg.Done()
-		ctx, cancel := context.WithTimeout(s.ctx, s.ttl)
-		defer cancel()
-		op := clientv3.OpPut(key, identity, clientv3.WithLease(s.id))
-		first := clientv3.OpGet(e.prefix, clientv3.WithFirstCreate()...)
-		resp, err := e.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
-			Then(op, first).Else(clientv3.OpGet(key), op, first).Commit()
-		res <- putResult{resp, err}
-	}()
-	return res
-}
-
-// unput takes back the key of a put that nobody waits for. A put that
-// landed, or failed on its way (its answer lost, say), has its key
-// deleted, bounded by the TTL. A put given up by its own deadline may
-// still be on its way: only a revoke settles it, for a put on a revoked
-// lease can no longer land. So the session ends when the put's fate is
-// unknown or the delete fails; its lease is revoked as soon as etcd
-// answers, and the key with it. A put etcd refused left nothing.
-func (e *Election) unput(s *session, key string, p putResult) {
-	var err error
-	switch {
-	case p.err == nil:
-		err = e.deleteWithin(s, key, p.rev())
-	case errors.Is(p.err, context.DeadlineExceeded) || errors.Is(p.err, context.Canceled):
-		err = p.err
-	case fatal(context.Background(), e.cli, p.err) == nil:
-		err = e.deleteWithin(s, key, 0)
-	}
-	if err != nil {
-		e.log.Warn("coord: candidate put unsettled, ending session", "lease", hexID(s.id), "err", err)
-		s.end(errors.New("candidate put unsettled"))
-	}
-}
-
-// deleteWithin deletes our candidate key (see deleteCandidate), bounded by
-// the TTL and the session.
-func (e *Election) deleteWithin(s *session, key string, rev int64) error {
-	ctx, cancel := context.WithTimeout(s.ctx, s.ttl)
-	defer cancel()
-	return e.deleteCandidate(ctx, s, key, rev)
-}
-
-// waitTurn waits until no candidate created before rev remains, and
-// returns the revision at which we lead.
-func (e *Election) waitTurn(ctx context.Context, s *session, key string, rev int64) (int64, error) {
-	wctx, cancel := withCancelOn(ctx, s.ctx)
-	defer cancel()
-	var r retry
-	for {
-		resp, err := e.cli.Txn(wctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", rev)).
-			Then(clientv3.OpGet(e.prefix, append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(rev-1))...)).
-			Commit()
-		switch {
-		case s.ctx.Err() != nil:
-			return 0, fmt.Errorf("%w: session ended: %w", ErrLeadershipLost, s.Err())
-		case err != nil:
-			return 0, fmt.Errorf("wait for our turn: %w", err)
-		case !resp.Succeeded:
-			return 0, fmt.Errorf("%w: our candidate key was deleted", ErrLeadershipLost)
-		}
-		ahead := resp.Responses[0].GetResponseRange().Kvs
-		if len(ahead) == 0 {
-			return resp.Header.Revision, nil
-		}
-		e.log.Debug("coord: campaign waits for its turn", "token", rev, "behind", string(ahead[0].Key))
-		// Someone is ahead: wait for any delete under the prefix (theirs, or
-		// ours by someone else), then look again. A watch that breaks
-		// without news is retried with backoff, not at once.
-		if e.waitDelete(wctx, resp.Header.Revision+1) {
-			r = retry{}
-		} else {
-			sleep(wctx, r.next())
-		}
-	}
-}
-
-// waitDelete waits for a delete under the prefix from rev on, and reports
-// whether it saw one (false: the watch broke or ctx ended).
-func (e *Election) waitDelete(ctx context.Context, rev int64) bool {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	news := false
-	for wr := range e.cli.Watch(ctx, e.prefix, clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithRev(rev)) {
-		news = len(wr.Events) > 0
-		if news || wr.Err() != nil {
-			break
-		}
-	}
-	return news
-}
-
-// takeLead makes us leader with our key at rev, from revision hdr on. A
-// session granted late is renewed first: we never lead on a lease we
-// cannot vouch for, and a leadership is never lost for want of a renewal
-// that was not tried.
-func (e *Election) takeLead(ctx context.Context, s *session, key string, rev, hdr int64, identity string) error {
-	wctx, cancel := withCancelOn(ctx, s.ctx)
-	defer cancel()
-	for !s.valid() && wctx.Err() == nil {
-		e.log.Debug("coord: campaign waits for its session's first renewal", "token", rev)
-		select {
-		case <-s.k.renewed():
-		case <-wctx.Done():
-		}
-	}
-	lctx, end := context.WithCancelCause(s.ctx)
-	if !s.valid() {
-		end(nil)
-		return fmt.Errorf("%w: session not renewed: %w", ErrLeadershipLost, context.Cause(wctx))
-	}
-	l := &leadership{key: key, rev: rev, sess: s, ctx: lctx, cancel: end}
-	e.mu.Lock()
-	e.lead = l
-	e.mu.Unlock()
-	e.wg.Add(1)
-	go e.monitor(l, hdr)
-	e.log.Info("coord: leadership gained", "token", rev, "identity", identity)
-	emit(e.signal, Signal{Kind: SignalLeadershipGained, Key: e.key, Token: rev})
-	return nil
-}
-
-// withdraw deletes our candidate key (rev 0: whatever its revision, if it
-// is on our lease), within ctx. What etcd cannot be told within ctx is
-// retried in the background, bounded by the TTL; if that fails too, the
-// session ends, and its lease, with the key, is revoked as soon as etcd
-// answers. A session that ended already takes the key with its lease.
-func (e *Election) withdraw(ctx context.Context, s *session, key string, rev int64) {
-	if s.ctx.Err() != nil || e.deleteCandidate(ctx, s, key, rev) == nil {
-		return
-	}
-	e.settle(func() {
-		if err := e.deleteWithin(s, key, rev); err != nil {
-			e.log.Warn("coord: cannot withdraw candidate, ending session", "lease", hexID(s.id), "err", err)
-			s.end(errors.New("candidate could not be withdrawn"))
-		}
-	})
-}
-
-// settle runs f, what settles a candidacy or a leadership given up (its
-// put, or its key being withdrawn or deleted), in the background. The next
-// candidacy waits for it (see candidate), and for those settling before
-// it: the key of each is the key of the next on the same session. It
-// returns a channel closed once all of them are settled. Called with the
-// turn held, or by Resign, which holds off Close's wait meanwhile.
-func (e *Election) settle(f func()) <-chan struct{} {
-	settled := make(chan struct{})
-	e.mu.Lock()
-	before := e.unsettled
-	e.unsettled = settled
-	e.mu.Unlock()
-	e.wg.Add(1)
-	go func() {
-		defer e.wg.Done()
-		defer close(settled)
-		f()
-		<-before
-	}()
-	return settled
-}
-
-func (e *Election) deleteCandidate(ctx context.Context, s *session, key string, rev int64) error {
-	cmp := clientv3.Compare(clientv3.CreateRevision(key), "=", rev)
-	if rev == 0 {
-		cmp = clientv3.Compare(clientv3.LeaseValue(key), "=", s.id)
-	}
-	_, err := e.cli.Txn(ctx).If(cmp).Then(clientv3.OpDelete(key)).Commit()
-	return err
-}
-
-// monitor ends leadership l when its key is deleted or written off our
-// lease; the session's end, Resign and Close end it through l.ctx.
-func (e *Election) monitor(l *leadership, rev int64) {
-	defer e.wg.Done()
-	defer emit(e.signal, Signal{Kind: SignalLeadershipLost, Key: e.key, Token: l.rev})
-	wch := e.cli.Watch(clientv3.WithRequireLeader(l.ctx), l.key, clientv3.WithRev(rev+1))
-	var r retry
-	for {
-		select {
-		case <-l.ctx.Done():
-			e.log.Info("coord: leadership ended", "token", l.rev, "err", context.Cause(l.ctx))
-			return
-		case wr, ok := <-wch:
-			if len(wr.Events) > 0 {
-				r = retry{}
-			}
-			err := e.checkLeaderEvents(l, wr.Events)
-			if err == nil && (!ok || wr.Err() != nil) {
-				sleep(l.ctx, r.next())
-				if rev, err = e.rewatchLeader(l, rev, wr.Err()); err == nil {
-					wch = e.cli.Watch(clientv3.WithRequireLeader(l.ctx), l.key, clientv3.WithRev(rev+1))
-				}
-			}
-			if err != nil {
-				l.cancel(err)
-				e.log.Info("coord: leadership ended", "token", l.rev, "err", context.Cause(l.ctx))
-				return
-			}
-		}
-	}
-}
-
-// checkLeaderEvents says whether events of l's key end l: deleted (ours,
-// by Resign, or someone else's), or written off our lease.
-func (e *Election) checkLeaderEvents(l *leadership, evs []*clientv3.Event) error {
-	for _, ev := range evs {
-		if ev.Type == mvccpb.DELETE {
-			return errKeyDeleted
-		}
-		if ev.Kv.Lease != int64(l.sess.id) {
-			e.log.Warn("coord: leader key written off our lease, stepping down", "token", l.rev, "lease", hexID(clientv3.LeaseID(ev.Kv.Lease)))
-			e.dropKey(l)
-			return errors.New("leader key written off our lease")
-		}
-	}
-	return nil
-}
-
-// rewatchLeader reads l's key after its watch broke, and returns the
-// revision to watch on from, or why l is over. If etcd will not let us
-// read (client closed, permission denied), we can no longer tell that we
-// lead: we step down rather than spin, and end the session so that the
-// key goes with its lease.
-func (e *Election) rewatchLeader(l *leadership, rev int64, werr error) (int64, error) {
-	ferr := fatal(l.ctx, e.cli, werr)
-	var (
-		g   *clientv3.GetResponse
-		err error
-	)
-	if ferr == nil {
-		g, err = e.cli.Get(l.ctx, l.key)
-		ferr = fatal(l.ctx, e.cli, err)
-	}
-	if ferr != nil {
-		if l.ctx.Err() == nil {
-			e.log.Warn("coord: cannot watch leader key, leadership ended", "token", l.rev, "err", ferr)
-			l.sess.end(ferr)
-		}
-		return 0, ferr
-	}
-	// A read that failed for now (no leader, say): watch on from where we
-	// were.
-	if err == nil {
-		if len(g.Kvs) == 0 || g.Kvs[0].CreateRevision != l.rev || g.Kvs[0].Lease != int64(l.sess.id) {
-			// Gone, or no longer ours: step down, and take back a key of
-			// this term that now outlives our session.
-			e.log.Warn("coord: leader key gone or no longer ours, leadership lost", "token", l.rev)
-			e.dropKey(l)
-			return 0, errors.New("leader key gone or no longer ours")
-		}
-		rev = g.Header.Revision
-	}
-	e.log.Debug("coord: leader watch broke, watching on", "token", l.rev, "rev", rev, "werr", werr, "err", err)
-	return rev, nil
-}
-
-// dropKey deletes the key of leadership l if it is still that of l: written
-// off our session's lease, it would outlive the session, and no candidate
-// could ever win again. Failure is only logged.
-func (e *Election) dropKey(l *leadership) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(l.ctx), l.sess.ttl)
-	defer cancel()
-	_, err := e.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.rev)).
-		Then(clientv3.OpDelete(l.key)).Commit()
-	e.log.Debug("coord: leader key taken back", "token", l.rev, "err", err)
 }
 
 // Proclaim announces a new identity as leader without a new election. It
@@ -683,22 +307,16 @@ func (e *Election) Resign(ctx context.Context) error {
 	if pending != nil {
 		pending(ErrResigned)
 		// The withdrawn candidacy settles its key as the Campaign returns.
-		if !within(ctx, campaigned) || !within(ctx, e.settling()) {
+		if !within(ctx, campaigned) || !within(ctx, e.c.settling()) {
 			return e.callErr(ctx, "resign", ctx.Err())
 		}
 	}
 	if l == nil || l.ctx.Err() != nil {
 		return nil
 	}
-	l.cancel(ErrResigned)
-	e.log.Info("coord: resigned", "token", l.rev)
 	var err error
-	settled := e.settle(func() {
-		if err = e.deleteWithin(l.sess, l.key, l.rev); err != nil {
-			e.log.Warn("coord: leader key not deleted on resign, ending session", "token", l.rev, "err", err)
-			l.sess.end(errors.New("leader key could not be deleted on resign"))
-		}
-	})
+	settled := e.c.release(l, ErrResigned, "resign", &err)
+	e.log.Info("coord: resigned", "token", l.rev)
 	if !within(ctx, settled) {
 		if e.pool == nil {
 			// Our own session: its lease takes the key.
@@ -710,14 +328,6 @@ func (e *Election) Resign(ctx context.Context) error {
 		return e.callErr(ctx, "resign", err)
 	}
 	return nil
-}
-
-// settling returns the channel closed once what candidacies given up
-// left in etcd is settled.
-func (e *Election) settling() <-chan struct{} {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.unsettled
 }
 
 // Leader returns the identity of the current leader, or an error wrapping
@@ -881,19 +491,7 @@ func (e *Election) Err() error {
 	e.mu.Lock()
 	l := e.lead
 	e.mu.Unlock()
-	if l == nil || e.current() == l {
-		return nil
-	}
-	cause := errUnanswered // judged at the call, before the timer said so
-	if l.ctx.Err() != nil {
-		cause = context.Cause(l.ctx)
-	}
-	for _, known := range []error{ErrResigned, ErrClosed, ErrClientClosed} {
-		if errors.Is(cause, known) {
-			return cause
-		}
-	}
-	return fmt.Errorf("%w: %w", ErrLeadershipLost, cause)
+	return termErr(l, e.current() == l)
 }
 
 // Token returns the fencing token of the current leadership, the create
@@ -960,7 +558,7 @@ func (e *Election) leave(l *leadership) {
 	// the key goes with the shared lease.
 	err := e.cli.Ctx().Err()
 	if err == nil {
-		err = e.deleteCandidate(ctx, l.sess, l.key, l.rev)
+		err = e.c.deleteCandidate(ctx, l.sess, l.key, l.rev)
 	}
 	if err != nil {
 		e.log.Warn("coord: cannot delete leader key, ending the shared session", "lease", hexID(l.sess.id), "err", err)

@@ -59,6 +59,16 @@ var (
 	// ErrHostGone is why a ShardSet tied to our registration
 	// (ShardOptions.Host) ended: the registration ended for good.
 	ErrHostGone = errors.New("coord: host registration gone")
+	// ErrNoPermit is returned by Semaphore.TryAcquire when every permit
+	// is held.
+	ErrNoPermit = errors.New("coord: no permit available")
+	// ErrReleased is why a permit ended after its Release.
+	ErrReleased = errors.New("coord: permit released")
+	// ErrLimitMismatch is returned by NewSemaphore when the semaphore's
+	// key holds another Limit than the one asked for.
+	ErrLimitMismatch = errors.New("coord: semaphore limit mismatch")
+	// ErrInvalidLimit is returned for a SemaphoreOptions.Limit below 1.
+	ErrInvalidLimit = errors.New("coord: invalid semaphore limit")
 )
 
 // fatal returns the error that ends the caller's work for good when err

@@ -58,10 +58,26 @@ func ExampleSignal_prometheus() {
 	done2 := e.Done()
 	e.Close()
 	<-done2
+	s, err := coord.NewSemaphore(ctx, cli, coord.SemaphoreOptions{Key: "/coord/maintenance", Limit: 2, TTL: time.Second, OnSignal: onSignal})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for range 2 {
+		p, err := s.Acquire(ctx)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if err := p.Release(ctx); err != nil {
+			log.Fatal(err)
+		}
+		<-p.Done()
+	}
+	s.Close() // waits for the permits' ends to be signalled
 	w.Close()
 	h.Stop(ctx)
 
-	for _, kind := range []string{"registered", "event-delivered", "leadership-gained", "leadership-lost", "registration-ended"} {
+	for _, kind := range []string{"registered", "event-delivered", "leadership-gained", "leadership-lost",
+		"permit-acquired", "permit-released", "registration-ended"} {
 		fmt.Printf("%s: %v\n", kind, value(signals.WithLabelValues(kind)))
 	}
 	fmt.Println("leading:", value(leading.WithLabelValues("/coord/elections/scheduler")))
@@ -71,6 +87,8 @@ func ExampleSignal_prometheus() {
 	// event-delivered: 1
 	// leadership-gained: 1
 	// leadership-lost: 1
+	// permit-acquired: 2
+	// permit-released: 2
 	// registration-ended: 1
 	// leading: 0
 }

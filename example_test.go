@@ -376,3 +376,76 @@ func ExampleElectionPool() {
 	// node-2 leads /coord/elections/scheduler: true
 	// closed: true still leading: false ErrClosed: true
 }
+
+func ExampleSemaphore() {
+	cli, stop := exampleEtcd()
+	defer stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	// Rolling maintenance: at most two hosts at once. Every host joins the
+	// same semaphore, with the same Limit.
+	join := func(host string) *coord.Semaphore {
+		s, err := coord.NewSemaphore(ctx, cli, coord.SemaphoreOptions{Key: "/coord/maintenance", Limit: 2, TTL: time.Second, Identity: host})
+		if err != nil {
+			log.Fatal(err)
+		}
+		return s
+	}
+	a, b, c := join("node-1"), join("node-2"), join("node-3")
+	defer a.Close()
+	defer b.Close()
+	defer c.Close()
+	pa, err := a.Acquire(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	pb, err := b.Acquire(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	_, err = c.TryAcquire(ctx)
+	fmt.Println("node-3 waits:", errors.Is(err, coord.ErrNoPermit))
+	holders, err := c.Holders(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, h := range holders {
+		fmt.Println("holder:", h.Identity)
+	}
+
+	// Work on etcd is fenced: a write under Guard applies only while the
+	// permit is held.
+	write := func(p *coord.Permit) bool {
+		resp, err := cli.Txn(ctx).If(p.Guard()).Then(clientv3.OpPut("/maintenance/log", "draining")).Commit()
+		if err != nil {
+			log.Fatal(err)
+		}
+		return resp.Succeeded
+	}
+	fmt.Println("guarded write while holding:", write(pa))
+
+	// Released, the permit goes to the next in line.
+	if err := pa.Release(ctx); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("released:", errors.Is(pa.Err(), coord.ErrReleased), "guarded write after:", write(pa))
+	pc, err := c.Acquire(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("node-3 holds, tokens increase:", pc.Token() > pb.Token())
+
+	// Another Limit on the same key is refused, and writes nothing.
+	_, err = coord.NewSemaphore(ctx, cli, coord.SemaphoreOptions{Key: "/coord/maintenance", Limit: 3})
+	fmt.Println("limit mismatch:", errors.Is(err, coord.ErrLimitMismatch))
+
+	// Output:
+	// node-3 waits: true
+	// holder: node-1
+	// holder: node-2
+	// guarded write while holding: true
+	// released: true guarded write after: false
+	// node-3 holds, tokens increase: true
+	// limit mismatch: true
+}

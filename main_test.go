@@ -26,6 +26,8 @@ func runChild(role string) int {
 	switch role {
 	case sdChildRole:
 		return sdChild()
+	case smChildRole:
+		return smChild()
 	}
 	fmt.Fprintf(os.Stderr, "%s=%q: no such helper process\n", childEnv, role)
 	return 2

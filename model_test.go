@@ -135,11 +135,16 @@ const (
 	mdHandover
 	mdCutLeader
 	mdLag
+	mdAcquire
+	mdTryAcquire
+	mdRelease
+	mdCutHolder
 	mdKinds
 )
 
 var mdKindNames = [mdKinds]string{"register", "stop", "crash", "update", "campaign", "try-campaign",
-	"resign", "cut-agent", "cut-watcher", "restart-etcd", "compact", "rewatch", "handover", "cut-leader", "lag"}
+	"resign", "cut-agent", "cut-watcher", "restart-etcd", "compact", "rewatch", "handover", "cut-leader", "lag",
+	"acquire", "try-acquire", "release", "cut-holder"}
 
 func (k mdKind) String() string { return mdKindNames[k] }
 
@@ -147,7 +152,7 @@ func (k mdKind) String() string { return mdKindNames[k] }
 var mdWeights = [mdKinds]int{
 	mdRegister: 14, mdStop: 5, mdCrash: 5, mdUpdate: 14, mdCampaign: 18, mdTryCampaign: 8,
 	mdResign: 5, mdCutAgent: 7, mdCutWatcher: 5, mdRestart: 2, mdCompact: 4, mdRewatch: 2, mdHandover: 7, mdCutLeader: 4,
-	mdLag: 5,
+	mdLag: 5, mdAcquire: 10, mdTryAcquire: 5, mdRelease: 6, mdCutHolder: 4,
 }
 
 // mdShape is a way a link fails.
@@ -226,6 +231,8 @@ type model struct {
 	quiets int
 	lags   int            // lagging consumers
 	bg     sync.WaitGroup // term watchers
+
+	sem mdSemState
 }
 
 // mdTerm is one leadership as seen from outside the library: from the
@@ -329,6 +336,7 @@ func (m *model) run() {
 		m.fatalf("%d writes in the log, but %d guarded writes succeeded", writes, m.writes.Load())
 	}
 	overlaps, longest := m.checkTerms()
+	semRevs, semOver, semWrites, semTokens := m.checkSemaphore()
 	m.hist.check(m.t, m.cfg.seed)
 	m.mu.Lock()
 	var ops []string
@@ -351,6 +359,18 @@ func (m *model) run() {
 	m.t.Logf("leadership: %d terms, %d fenced writes under %d tokens (%d attempted writes succeeded), longest overlap %v",
 		terms, writes, tokens, m.writes.Load(), longest)
 	m.t.Logf("overlaps: %d", overlaps)
+	m.sem.mu.Lock()
+	permits, attempted := len(m.sem.terms), m.sem.writes
+	m.sem.mu.Unlock()
+	if semWrites < attempted {
+		m.errorf("%d writes in the semaphore log, but %d guarded writes succeeded", semWrites, attempted)
+	}
+	m.t.Logf("semaphore (limit %d): %d permits, %d fenced writes under %d tokens (%d attempted writes succeeded); revisions in more than %d permits' write intervals: %d; time more than %d permits were believed held: %v",
+		mdSemLimit, permits, semWrites, semTokens, attempted, mdSemLimit, semRevs, mdSemLimit, time.Duration(semOver))
+	if semRevs != 0 || semOver != 0 {
+		m.errorf("more than %d permits at once: %d revisions in more than %d permits' fenced-write intervals; believed held by more than %d for %v",
+			mdSemLimit, semRevs, mdSemLimit, mdSemLimit, time.Duration(semOver))
+	}
 	m.t.Logf("events consumed: %s", strings.Join(events, " "))
 	m.t.Logf("catch-ups: %d over %d lagging consumers: %s", caughtUp, lags, strings.Join(catchUps, ", "))
 	if overlaps != 0 {
@@ -447,6 +467,8 @@ func (m *model) step(step int) {
 		rev := m.srv.Compact(ctx)
 		cancel()
 		m.tracef("compacted at %d", rev)
+	case mdAcquire, mdTryAcquire, mdRelease, mdCutHolder:
+		m.semStep(k, a)
 	case mdRewatch:
 		j := m.rng.IntN(len(m.watchers))
 		m.tracef("rewatch %s", m.watchers[j].name)
@@ -754,7 +776,7 @@ func (m *model) converged() []string {
 		diffs = append(diffs, fmt.Sprintf("nobody believes it leads; etcd's first candidate is %q (%s) created at %d",
 			kv.Value, kv.Key, kv.CreateRevision))
 	}
-	return diffs
+	return append(diffs, m.semConverged(ctx)...)
 }
 
 // checkLog reads the fenced writes in revision order and checks that their
@@ -914,6 +936,7 @@ func (m *model) shutdown() {
 		case <-time.After(patience()):
 			m.t.Errorf("seed %d: a leadership's Done still open after its election closed", m.cfg.seed)
 		}
+		m.shutdownSemaphore()
 	})
 }
 
@@ -999,6 +1022,9 @@ type mdAgent struct {
 	ident   string
 	inc     int // elections joined
 	writer  *mdWriter
+	sem     *Semaphore
+	permits []*mdPermit  // held, or ended with their writers not yet done
+	holding atomic.Int32 // len(permits), for the driver to read at any time
 }
 
 func (a *mdAgent) loop() {
@@ -1073,6 +1099,11 @@ func (a *mdAgent) register() string {
 			out = append(out, "joined as "+ident)
 		}
 	}
+	if a.elec != nil {
+		if s := a.joinSemaphore(); s != "" {
+			out = append(out, s)
+		}
+	}
 	if len(out) == 0 {
 		return "already running"
 	}
@@ -1091,6 +1122,7 @@ func (a *mdAgent) meta(zone string) HostMetadata {
 func (a *mdAgent) stop(liveness, election bool) string {
 	var out []string
 	if election && a.elec != nil {
+		a.leaveSemaphore()
 		a.writer.stop()
 		a.elec.Close()
 		out = append(out, "left "+a.ident)
@@ -1136,6 +1168,14 @@ func (a *mdAgent) crash() string {
 		a.live = nil
 		out = append(out, "registration ended")
 	}
+	for _, mp := range a.permits {
+		select {
+		case <-mp.p.Done():
+		case <-time.After(patience()):
+			a.m.errorf("%s: permit %d still held %v after its client closed", a.ident, mp.p.Token(), patience())
+		}
+	}
+	a.leaveSemaphore()
 	if a.elec != nil {
 		select {
 		case <-a.elec.Done():

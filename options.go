@@ -39,6 +39,8 @@ const (
 	DefaultShardMaxMoves = 8
 	// DefaultShardTTL is the default TTL of a ShardSet's shared sessions.
 	DefaultShardTTL = 10 * time.Second
+	// DefaultSemaphoreTTL is the default TTL of a Semaphore's session.
+	DefaultSemaphoreTTL = 10 * time.Second
 
 	// Heal backoff: capped exponential with jitter.
 	minBackoff = 50 * time.Millisecond
@@ -123,6 +125,27 @@ type ElectionOptions struct {
 	// are given "". Default: the host name.
 	Identity string
 	// Logger receives the election's records; nil discards them.
+	Logger *slog.Logger
+	// OnSignal, if set, receives state changes and counts for metrics.
+	OnSignal func(Signal)
+}
+
+// SemaphoreOptions configures NewSemaphore. Key and Limit are required.
+type SemaphoreOptions struct {
+	// Key names the semaphore: an etcd prefix, as ElectionOptions.Key.
+	// Key itself holds the Limit (a key without lease, written by the
+	// first user); the permits are <Key>/<lease hex>-<n>.
+	Key string
+	// Limit is how many permits are held at once, fleet-wide: at least 1.
+	// Every user of Key must ask for the same Limit.
+	Limit int
+	// TTL of the session holding our permits: a whole number of seconds.
+	// Default 10s. A holder that crashes frees its slot once it expires.
+	TTL time.Duration
+	// Identity is shown to others as the holder of our permits. Default:
+	// the host name.
+	Identity string
+	// Logger receives the semaphore's records; nil discards them.
 	Logger *slog.Logger
 	// OnSignal, if set, receives state changes and counts for metrics.
 	OnSignal func(Signal)
@@ -239,9 +262,13 @@ func checkHostUUID(id string) error {
 }
 
 // checkElectionKey checks that key is a clean etcd prefix.
-func checkElectionKey(key string) error {
+func checkElectionKey(key string) error { return checkKey("election", key) }
+
+// checkKey checks that the key of what (an election, a semaphore) is a
+// clean etcd prefix.
+func checkKey(what, key string) error {
 	if key == "" || strings.HasSuffix(key, "/") || strings.Contains(key, "//") {
-		return fmt.Errorf("%w: election key %q (want non-empty, no trailing \"/\", no \"//\")", ErrInvalidKey, key)
+		return fmt.Errorf("%w: %s key %q (want non-empty, no trailing \"/\", no \"//\")", ErrInvalidKey, what, key)
 	}
 	return nil
 }

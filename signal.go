@@ -44,11 +44,17 @@ const (
 	// compacted away Count times in a row (etcd compacts faster than the
 	// pages come); it lists the prefix in one read instead.
 	SignalWatcherListingCompacted
+	// SignalPermitAcquired: we hold a permit of semaphore Key with
+	// fencing Token.
+	SignalPermitAcquired
+	// SignalPermitReleased: our permit of semaphore Key with Token ended,
+	// for any reason (Release, expiry, step-down, key deleted, Close).
+	SignalPermitReleased
 )
 
 var signalNames = [...]string{"registered", "heal-attempt", "registration-ended",
 	"leadership-gained", "leadership-lost", "watcher-resync", "event-delivered",
-	"shard-acquired", "shard-released", "watcher-listing-compacted"}
+	"shard-acquired", "shard-released", "watcher-listing-compacted", "permit-acquired", "permit-released"}
 
 // String returns the signal kind's name, e.g. "leadership-lost".
 func (k SignalKind) String() string {
@@ -65,9 +71,9 @@ func (k SignalKind) String() string {
 type Signal struct {
 	Kind    SignalKind
 	Host    string           // host UUID
-	Key     string           // host key, election key, watched prefix, or shard name
+	Key     string           // host key, election or semaphore key, watched prefix, or shard name
 	Lease   clientv3.LeaseID // lease of a registration
-	Token   int64            // fencing token of a leadership
+	Token   int64            // fencing token of a leadership or a permit
 	Attempt int              // heal attempt
 	Count   int              // synthetic events of a resync; listings compacted away
 	Event   HostEventKind    // kind of a delivered event

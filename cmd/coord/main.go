@@ -6,6 +6,8 @@
 //	coord watch                     # host events until Ctrl-C
 //	coord leader KEY                # the leader of an election
 //	coord campaign KEY IDENTITY     # lead until Ctrl-C, then resign
+//	coord semaphore KEY             # the limit, holders and waiters of a semaphore
+//	coord acquire KEY --limit N     # hold a permit until Ctrl-C, then release it
 //	coord shards                    # each shard's owner and standbys
 //
 // Connection flags follow etcdctl's (--endpoints, --cacert, --cert, --key,
@@ -65,6 +67,8 @@ func commands() []command {
 		{"watch", "", "stream host events until interrupted", cmdWatch},
 		{"leader", "KEY", "print the identity of the leader of election KEY", cmdLeader},
 		{"campaign", "KEY IDENTITY", "lead election KEY as IDENTITY until interrupted, then resign", cmdCampaign},
+		{"semaphore", "KEY", "list the limit, holders and waiters of semaphore KEY", cmdSemaphore},
+		{"acquire", "KEY [IDENTITY]", "hold a permit of semaphore KEY until interrupted, then release it", cmdAcquire},
 		{"shards", "", "list the shards under --prefix: owner, fencing token, standbys", cmdShards},
 		{"bench", "", "run the benchmarks (see coord bench -h)", cmdBench},
 	}
@@ -192,6 +196,9 @@ type cmdFlags struct {
 
 	format  *string  // -o, if the command has it
 	formats []string // the values -o takes
+	// optional is how many positional arguments may follow those parse
+	// wants.
+	optional int
 }
 
 // output adds -o, the output format: one of formats, the first the
@@ -221,7 +228,8 @@ func newCmdFlags(name, args, about string, withConn bool) *cmdFlags {
 
 // parse parses args, flags and positional arguments in any order (as in
 // "coord campaign KEY ID --endpoints h:2379"; "--" ends the flags), and
-// returns the positional arguments, checking there are want of them.
+// returns the positional arguments, checking there are want of them
+// (and up to c.optional more).
 // On -h it prints the help on stdout and returns flag.ErrHelp.
 func (c *cmdFlags) parse(args []string, stdout io.Writer, want int) ([]string, error) {
 	var pos []string
@@ -249,7 +257,7 @@ func (c *cmdFlags) parse(args []string, stdout io.Writer, want int) ([]string, e
 		return nil, usagef("missing arguments: want %s", c.args)
 	case len(pos) > want && want == 0:
 		return nil, usagef("unexpected argument %q", pos[0])
-	case len(pos) > want:
+	case len(pos) > want+c.optional:
 		return nil, usagef("too many arguments: want %s", c.args)
 	case c.format != nil && !slices.Contains(c.formats, *c.format):
 		return nil, usagef("-o %q: want %s", *c.format, strings.Join(c.formats, " or "))

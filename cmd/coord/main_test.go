@@ -158,7 +158,8 @@ func TestUsage(t *testing.T) {
 		if r.code != exitOK || r.stderr != "" {
 			t.Fatalf("status %d, stderr %q", r.code, r.stderr)
 		}
-		for _, want := range []string{"Usage:", "demo", "hosts", "watch", "leader KEY", "campaign KEY IDENTITY", "bench",
+		for _, want := range []string{"Usage:", "demo", "hosts", "watch", "leader KEY", "campaign KEY IDENTITY", "semaphore KEY",
+			"acquire KEY [IDENTITY]", "bench",
 			"--endpoints", "--cacert", "--cert", "--key", "--user", "--dial-timeout", "--prefix", "Exit status"} {
 			if !strings.Contains(r.stdout, want) {
 				t.Errorf("usage lacks %q:\n%s", want, r.stdout)
@@ -205,6 +206,12 @@ func TestUsage(t *testing.T) {
 			{[]string{"campaign", "/elections/x"}, "missing arguments: want KEY IDENTITY"},
 			{[]string{"campaign", "/elections/x", "id", "--ttl", "1500ms"}, "whole number of seconds"},
 			{[]string{"campaign", "--prefix", "/p/", "/elections/x", "id"}, "flag provided but not defined: -prefix"},
+			{[]string{"semaphore"}, "missing arguments: want KEY"},
+			{[]string{"semaphore", "/s//x"}, "no //"},
+			{[]string{"acquire", "/s/x"}, "--limit 0: want at least 1"},
+			{[]string{"acquire", "/s/x", "id", "extra", "--limit", "1"}, "too many arguments: want KEY [IDENTITY]"},
+			{[]string{"acquire", "/s/x", "--limit", "1", "--ttl", "0s"}, "whole number of seconds"},
+			{[]string{"acquire", "/s/x/", "--limit", "1"}, "no trailing /"},
 			{[]string{"--endpoints", "127.0.0.1:2379", "demo"}, "flag provided but not defined: -endpoints"},
 			{[]string{"demo", "now"}, `unexpected argument "now"`},
 		} {

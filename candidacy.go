@@ -1,0 +1,525 @@
+package coord
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// A line of candidates: the keys under a prefix, each on a session's
+// lease, ranked by create revision. The first limit of them hold; keys
+// ahead of a candidate only ever go, so a candidate that holds holds until
+// its own key goes, and its create revision is an exact fencing token. An
+// election is a line whose first holds; a semaphore one whose first Limit
+// hold. A candidacy is one place in such a line, taken again after each
+// loss until it holds or its ctx ends.
+
+// leadership is one term holding a place of a line: an election's
+// leadership, or a permit. Its ctx's cause says why it ended.
+type leadership struct {
+	key    string
+	rev    int64    // create revision of key: the fencing token
+	sess   *session // the session whose lease the key is attached to
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+}
+
+// Why a term whose key was deleted ended.
+var (
+	errKeyDeleted       = errors.New("leader key deleted")
+	errPermitKeyDeleted = errors.New("permit key deleted")
+)
+
+// vocab is what a line's records and signals call its terms.
+type vocab struct {
+	ask    string     // what queues: "campaign"
+	holder string     // whose key holds: "leader"
+	term   string     // a term: "leadership"
+	gained string     // "leadership gained"
+	onGain SignalKind // emitted when a term starts
+	onEnd  SignalKind // emitted when a term ends
+	gone   error      // why a term whose key was deleted ended
+}
+
+var (
+	electionWords = &vocab{ask: "campaign", holder: "leader", term: "leadership", gained: "leadership gained",
+		onGain: SignalLeadershipGained, onEnd: SignalLeadershipLost, gone: errKeyDeleted}
+	permitWords = &vocab{ask: "acquire", holder: "permit", term: "permit", gained: "permit acquired",
+		onGain: SignalPermitAcquired, onEnd: SignalPermitReleased, gone: errPermitKeyDeleted}
+)
+
+// candidacy is our place in a line: it puts our candidate key, waits
+// until fewer than limit candidates are ahead of it, and holds; on
+// failure it withdraws its key, and queues again, on a live session, for
+// as long as its ctx lasts. What it gives up in etcd is settled in the
+// background, in order: each key of a candidacy is that of the next on
+// the same session. It is safe for concurrent use; its runs take turns
+// (an Election's turn, or one Acquire per candidacy).
+type candidacy struct {
+	cli     *clientv3.Client
+	key     string // the election's or semaphore's key
+	prefix  string // key + "/": where candidates live
+	suffix  string // follows our lease's hex in our candidate key
+	limit   int64  // how many of the first candidates hold
+	words   *vocab
+	log     *slog.Logger
+	signal  func(Signal)
+	session func(context.Context) (*session, error) // the live session, started anew once one ended
+	held    func(*leadership)                       // if set, told of a term before it is announced
+	wg      *sync.WaitGroup                         // its owner's: counts the goroutines it starts
+
+	mu sync.Mutex
+	// unsettled is closed once what a candidacy given up left in etcd (its
+	// put, or its key being withdrawn) is settled.
+	unsettled <-chan struct{}
+}
+
+// run holds a place in the line as identity, queueing again after each
+// candidacy lost, until ctx ends or an error retrying cannot pass.
+// Without wait, it makes one try and returns nil, nil when limit
+// candidates are ahead.
+func (c *candidacy) run(ctx context.Context, identity string, wait bool) (*leadership, error) {
+	var r retry
+	for {
+		l, err := c.try(ctx, identity, wait)
+		if err == nil {
+			return l, nil
+		}
+		if !wait || ctx.Err() != nil || fatal(ctx, c.cli, err) != nil || !sleep(ctx, r.next()) {
+			return nil, err
+		}
+		c.log.Info("coord: "+c.words.ask+" queues again", "err", err)
+	}
+}
+
+// try runs one candidacy on the live session: it puts our key, waits for
+// our turn (when wait is set) and takes the lead. It returns nil, nil
+// when !wait and limit candidates are ahead. On error our key is
+// withdrawn.
+func (c *candidacy) try(ctx context.Context, identity string, wait bool) (*leadership, error) {
+	s, err := c.session(ctx)
+	if err != nil {
+		return nil, err
+	}
+	key, rev, hdr, err := c.candidate(ctx, s, identity)
+	if err != nil {
+		return nil, err
+	}
+	if hdr == 0 && wait {
+		hdr, err = c.waitTurn(ctx, s, key, rev)
+	}
+	if err == nil && hdr != 0 {
+		var l *leadership
+		if l, err = c.takeLead(ctx, s, key, rev, hdr, identity); err == nil {
+			return l, nil
+		}
+	}
+	c.withdraw(ctx, s, key, rev)
+	return nil, err
+}
+
+// candidate puts our candidate key, proclaiming identity, and returns it
+// with its create revision, and the revision at which we hold if fewer
+// than limit candidates are ahead of it (else 0): one round trip when
+// uncontended. A key of our lease already there (left by a program
+// sharing our lease, as etcd's concurrency package allows) is taken over
+// in the same transaction.
+//
+// The put is not bound to ctx: a put given up may still land, after any
+// delete sent meanwhile. When ctx ends first, it goes on in the
+// background, bounded by the TTL, and its key is taken back once its
+// fate is known (see unput).
+func (c *candidacy) candidate(ctx context.Context, s *session, identity string) (key string, rev, hdr int64, _ error) {
+	key = c.prefix + hexID(s.id) + c.suffix
+	// A candidacy given up earlier is settled first (its put, or its
+	// withdrawal): its key is this one, and its delete must not take the
+	// key of this candidacy.
+	if !within(ctx, c.settling()) {
+		return "", 0, 0, ctx.Err()
+	}
+	res := c.put(s, key, identity)
+	var p putResult
+	select {
+	case p = <-res:
+	case <-ctx.Done():
+		k := key // key, a result, is cleared by the return
+		c.settle(func() { c.unput(s, k, <-res) })
+		return "", 0, 0, ctx.Err()
+	}
+	switch {
+	case errors.Is(p.err, rpctypes.ErrLeaseNotFound):
+		// The lease expired before the session noticed.
+		s.end(fmt.Errorf("lease %x expired or revoked", int64(s.id)))
+		return "", 0, 0, fmt.Errorf("%w: session ended: %w", ErrLeadershipLost, s.Err())
+	case p.err != nil:
+		c.unput(s, key, p)
+		return "", 0, 0, fmt.Errorf("put candidate key: %w", p.err)
+	}
+	rev = p.rev()
+	// Our key is there: among the first limit candidates, or behind them.
+	for _, kv := range p.resp.Responses[len(p.resp.Responses)-1].GetResponseRange().Kvs {
+		if kv.CreateRevision == rev {
+			hdr = p.resp.Header.Revision
+		}
+	}
+	return key, rev, hdr, nil
+}
+
+// putResult is the outcome of a candidate put.
+type putResult struct {
+	resp *clientv3.TxnResponse
+	err  error
+}
+
+// rev returns the create revision of the candidate key a put left.
+func (p putResult) rev() int64 {
+	if !p.resp.Succeeded {
+		return p.resp.Responses[0].GetResponseRange().Kvs[0].CreateRevision
+	}
+	return p.resp.Header.Revision
+}
+
+// put sends our candidate put, bounded by the TTL and the session, and
+// returns its outcome on a channel.
+func (c *candidacy) put(s *session, key, identity string) <-chan putResult {
+	res := make(chan putResult, 1)
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		ctx, cancel := context.WithTimeout(s.ctx, s.ttl)
+		defer cancel()
+		op := clientv3.OpPut(key, identity, clientv3.WithLease(s.id))
+		first := clientv3.OpGet(c.prefix, top(c.limit, clientv3.SortAscend)...)
+		resp, err := c.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+			Then(op, first).Else(clientv3.OpGet(key), op, first).Commit()
+		res <- putResult{resp, err}
+	}()
+	return res
+}
+
+// top returns the options that read the first n candidates under a
+// prefix (the last n, in descending order); for n = 1, those of etcd's
+// WithFirstCreate and WithLastCreate.
+func top(n int64, order clientv3.SortOrder) []clientv3.OpOption {
+	return []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, order), clientv3.WithLimit(n)}
+}
+
+// unput takes back the key of a put that nobody waits for. A put that
+// landed, or failed on its way (its answer lost, say), has its key
+// deleted, bounded by the TTL. A put given up by its own deadline may
+// still be on its way: only a revoke settles it, for a put on a revoked
+// lease can no longer land. So the session ends when the put's fate is
+// unknown or the delete fails; its lease is revoked as soon as etcd
+// answers, and the key with it. A put etcd refused left nothing.
+func (c *candidacy) unput(s *session, key string, p putResult) {
+	var err error
+	switch {
+	case p.err == nil:
+		err = c.deleteWithin(s, key, p.rev())
+	case errors.Is(p.err, context.DeadlineExceeded) || errors.Is(p.err, context.Canceled):
+		err = p.err
+	case fatal(context.Background(), c.cli, p.err) == nil:
+		err = c.deleteWithin(s, key, 0)
+	}
+	if err != nil {
+		c.log.Warn("coord: candidate put unsettled, ending session", "lease", hexID(s.id), "err", err)
+		s.end(errors.New("candidate put unsettled"))
+	}
+}
+
+// deleteWithin deletes our candidate key (see deleteCandidate), bounded by
+// the TTL and the session.
+func (c *candidacy) deleteWithin(s *session, key string, rev int64) error {
+	ctx, cancel := context.WithTimeout(s.ctx, s.ttl)
+	defer cancel()
+	return c.deleteCandidate(ctx, s, key, rev)
+}
+
+// deleteCandidate deletes our candidate key if it is the one created at
+// rev, or, for rev 0, if it is on our lease.
+func (c *candidacy) deleteCandidate(ctx context.Context, s *session, key string, rev int64) error {
+	cmp := clientv3.Compare(clientv3.CreateRevision(key), "=", rev)
+	if rev == 0 {
+		cmp = clientv3.Compare(clientv3.LeaseValue(key), "=", s.id)
+	}
+	_, err := c.cli.Txn(ctx).If(cmp).Then(clientv3.OpDelete(key)).Commit()
+	return err
+}
+
+// waitTurn waits until fewer than limit candidates created before rev
+// remain, and returns the revision at which we hold.
+func (c *candidacy) waitTurn(ctx context.Context, s *session, key string, rev int64) (int64, error) {
+	wctx, cancel := withCancelOn(ctx, s.ctx)
+	defer cancel()
+	var r retry
+	for {
+		resp, err := c.cli.Txn(wctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", rev)).
+			Then(clientv3.OpGet(c.prefix, append(top(c.limit, clientv3.SortDescend), clientv3.WithMaxCreateRev(rev-1))...)).
+			Commit()
+		switch {
+		case s.ctx.Err() != nil:
+			return 0, fmt.Errorf("%w: session ended: %w", ErrLeadershipLost, s.Err())
+		case err != nil:
+			return 0, fmt.Errorf("wait for our turn: %w", err)
+		case !resp.Succeeded:
+			return 0, fmt.Errorf("%w: our candidate key was deleted", ErrLeadershipLost)
+		}
+		ahead := resp.Responses[0].GetResponseRange().Kvs
+		if int64(len(ahead)) < c.limit {
+			return resp.Header.Revision, nil
+		}
+		c.log.Debug("coord: "+c.words.ask+" waits for its turn", "token", rev, "behind", string(ahead[0].Key))
+		// Limit candidates are ahead: wait for any delete under the prefix
+		// (theirs, or ours by someone else), then look again. A watch that
+		// breaks without news is retried with backoff, not at once.
+		if c.waitDelete(wctx, resp.Header.Revision+1) {
+			r = retry{}
+		} else {
+			sleep(wctx, r.next())
+		}
+	}
+}
+
+// waitDelete waits for a delete under the prefix from rev on, and reports
+// whether it saw one (false: the watch broke or ctx ended).
+func (c *candidacy) waitDelete(ctx context.Context, rev int64) bool {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	news := false
+	for wr := range c.cli.Watch(ctx, c.prefix, clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithRev(rev)) {
+		news = len(wr.Events) > 0
+		if news || wr.Err() != nil {
+			break
+		}
+	}
+	return news
+}
+
+// takeLead makes us hold with our key at rev, from revision hdr on. A
+// session granted late is renewed first: we never hold on a lease we
+// cannot vouch for, and a term is never lost for want of a renewal that
+// was not tried.
+func (c *candidacy) takeLead(ctx context.Context, s *session, key string, rev, hdr int64, identity string) (*leadership, error) {
+	wctx, cancel := withCancelOn(ctx, s.ctx)
+	defer cancel()
+	for !s.valid() && wctx.Err() == nil {
+		c.log.Debug("coord: "+c.words.ask+" waits for its session's first renewal", "token", rev)
+		select {
+		case <-s.k.renewed():
+		case <-wctx.Done():
+		}
+	}
+	lctx, end := context.WithCancelCause(s.ctx)
+	if !s.valid() {
+		end(nil)
+		return nil, fmt.Errorf("%w: session not renewed: %w", ErrLeadershipLost, context.Cause(wctx))
+	}
+	l := &leadership{key: key, rev: rev, sess: s, ctx: lctx, cancel: end}
+	if c.held != nil {
+		c.held(l)
+	}
+	c.wg.Add(1)
+	go c.monitor(l, hdr)
+	c.log.Info("coord: "+c.words.gained, "token", rev, "identity", identity)
+	emit(c.signal, Signal{Kind: c.words.onGain, Key: c.key, Token: rev})
+	return l, nil
+}
+
+// withdraw deletes our candidate key (rev 0: whatever its revision, if it
+// is on our lease), within ctx. What etcd cannot be told within ctx is
+// retried in the background, bounded by the TTL; if that fails too, the
+// session ends, and its lease, with the key, is revoked as soon as etcd
+// answers. A session that ended already takes the key with its lease.
+func (c *candidacy) withdraw(ctx context.Context, s *session, key string, rev int64) {
+	if s.ctx.Err() != nil || c.deleteCandidate(ctx, s, key, rev) == nil {
+		return
+	}
+	c.settle(func() {
+		if err := c.deleteWithin(s, key, rev); err != nil {
+			c.log.Warn("coord: cannot withdraw candidate, ending session", "lease", hexID(s.id), "err", err)
+			s.end(errors.New("candidate could not be withdrawn"))
+		}
+	})
+}
+
+// settle runs f, what settles a candidacy or a term given up (its put, or
+// its key being withdrawn or deleted), in the background. The next
+// candidacy waits for it (see candidate), and for those settling before
+// it: the key of each is the key of the next on the same session. It
+// returns a channel closed once all of them are settled. Called with the
+// turn held, or by a call its owner's Close waits for.
+func (c *candidacy) settle(f func()) <-chan struct{} {
+	settled := make(chan struct{})
+	c.mu.Lock()
+	before := c.unsettled
+	c.unsettled = settled
+	c.mu.Unlock()
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		defer close(settled)
+		f()
+		<-before
+	}()
+	return settled
+}
+
+// settling returns the channel closed once what candidacies given up
+// left in etcd is settled.
+func (c *candidacy) settling() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.unsettled
+}
+
+// release ends term l with cause why and deletes its key (on a verb:
+// "resign"), in the background: the returned channel is closed once that
+// is settled, and *err is then set. Should the delete fail, the session
+// ends, so that the key goes with its lease as soon as etcd answers.
+func (c *candidacy) release(l *leadership, why error, verb string, err *error) <-chan struct{} {
+	l.cancel(why)
+	return c.settle(func() {
+		if *err = c.deleteWithin(l.sess, l.key, l.rev); *err != nil {
+			c.log.Warn("coord: "+c.words.holder+" key not deleted on "+verb+", ending session", "token", l.rev, "err", *err)
+			l.sess.end(fmt.Errorf("%s key could not be deleted on %s", c.words.holder, verb))
+		}
+	})
+}
+
+// monitor ends term l when its key is deleted or written off our lease;
+// the session's end, Resign, Release and Close end it through l.ctx.
+func (c *candidacy) monitor(l *leadership, rev int64) {
+	defer c.wg.Done()
+	defer emit(c.signal, Signal{Kind: c.words.onEnd, Key: c.key, Token: l.rev})
+	wch := c.cli.Watch(clientv3.WithRequireLeader(l.ctx), l.key, clientv3.WithRev(rev+1))
+	var r retry
+	for {
+		select {
+		case <-l.ctx.Done():
+			c.log.Info("coord: "+c.words.term+" ended", "token", l.rev, "err", context.Cause(l.ctx))
+			return
+		case wr, ok := <-wch:
+			if len(wr.Events) > 0 {
+				r = retry{}
+			}
+			err := c.checkEvents(l, wr.Events)
+			if err == nil && (!ok || wr.Err() != nil) {
+				sleep(l.ctx, r.next())
+				if rev, err = c.rewatch(l, rev, wr.Err()); err == nil {
+					wch = c.cli.Watch(clientv3.WithRequireLeader(l.ctx), l.key, clientv3.WithRev(rev+1))
+				}
+			}
+			if err != nil {
+				l.cancel(err)
+				c.log.Info("coord: "+c.words.term+" ended", "token", l.rev, "err", context.Cause(l.ctx))
+				return
+			}
+		}
+	}
+}
+
+// checkEvents says whether events of l's key end l: deleted (ours, by
+// Resign or Release, or someone else's), or written off our lease.
+func (c *candidacy) checkEvents(l *leadership, evs []*clientv3.Event) error {
+	for _, ev := range evs {
+		if ev.Type == mvccpb.DELETE {
+			return c.words.gone
+		}
+		if ev.Kv.Lease != int64(l.sess.id) {
+			c.log.Warn("coord: "+c.words.holder+" key written off our lease, stepping down", "token", l.rev, "lease", hexID(clientv3.LeaseID(ev.Kv.Lease)))
+			c.dropKey(l)
+			return errors.New(c.words.holder + " key written off our lease")
+		}
+	}
+	return nil
+}
+
+// rewatch reads l's key after its watch broke, and returns the revision
+// to watch on from, or why l is over. If etcd will not let us read
+// (client closed, permission denied), we can no longer tell that we hold:
+// we step down rather than spin, and end the session so that the key
+// goes with its lease.
+func (c *candidacy) rewatch(l *leadership, rev int64, werr error) (int64, error) {
+	ferr := fatal(l.ctx, c.cli, werr)
+	var (
+		g   *clientv3.GetResponse
+		err error
+	)
+	if ferr == nil {
+		g, err = c.cli.Get(l.ctx, l.key)
+		ferr = fatal(l.ctx, c.cli, err)
+	}
+	if ferr != nil {
+		if l.ctx.Err() == nil {
+			c.log.Warn("coord: cannot watch "+c.words.holder+" key, "+c.words.term+" ended", "token", l.rev, "err", ferr)
+			l.sess.end(ferr)
+		}
+		return 0, ferr
+	}
+	// A read that failed for now (no leader, say): watch on from where we
+	// were.
+	if err == nil {
+		if len(g.Kvs) == 0 || g.Kvs[0].CreateRevision != l.rev || g.Kvs[0].Lease != int64(l.sess.id) {
+			// Gone, or no longer ours: step down, and take back a key of
+			// this term that now outlives our session.
+			c.log.Warn("coord: "+c.words.holder+" key gone or no longer ours, "+c.words.term+" lost", "token", l.rev)
+			c.dropKey(l)
+			return 0, errors.New(c.words.holder + " key gone or no longer ours")
+		}
+		rev = g.Header.Revision
+	}
+	c.log.Debug("coord: "+c.words.holder+" watch broke, watching on", "token", l.rev, "rev", rev, "werr", werr, "err", err)
+	return rev, nil
+}
+
+// dropKey deletes the key of term l if it is still that of l: written
+// off our session's lease, it would outlive the session, and no candidate
+// could ever hold again. Failure is only logged.
+func (c *candidacy) dropKey(l *leadership) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(l.ctx), l.sess.ttl)
+	defer cancel()
+	_, err := c.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", l.rev)).
+		Then(clientv3.OpDelete(l.key)).Commit()
+	c.log.Debug("coord: "+c.words.holder+" key taken back", "token", l.rev, "err", err)
+}
+
+// termErr says why term l ended, judged at the call (as live): nil while
+// it holds; ErrLeadershipLost wrapping the cause when it was lost, else
+// the known cause itself (resigned, released, closed, client closed).
+func termErr(l *leadership, live bool) error {
+	if l == nil || live {
+		return nil
+	}
+	cause := errUnanswered // judged at the call, before the timer said so
+	if l.ctx.Err() != nil {
+		cause = context.Cause(l.ctx)
+	}
+	for _, known := range []error{ErrResigned, ErrReleased, ErrClosed, ErrClientClosed} {
+		if errors.Is(cause, known) {
+			return cause
+		}
+	}
+	return fmt.Errorf("%w: %w", ErrLeadershipLost, cause)
+}
+
+// explain explains an error met by a call on key of an object whose life
+// is life: ErrClosed if Close cut it short, ErrClientClosed once the
+// client is closed, else what was being done, wrapping err (and the end
+// of ctx).
+func explain(ctx, life context.Context, cli *clientv3.Client, what, key string, err error) error {
+	switch {
+	case life.Err() != nil:
+		err = ErrClosed
+	case cli.Ctx().Err() != nil:
+		err = ErrClientClosed
+	case ctx.Err() != nil && !errors.Is(err, ctx.Err()):
+		err = fmt.Errorf("%w (%w)", ctx.Err(), err)
+	}
+	return opErr(fmt.Sprintf("%s %q", what, key), err)
+}

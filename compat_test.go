@@ -515,7 +515,7 @@ func testCompatLeaderChange(t *testing.T, checkpoint bool) {
 	}
 	compatWithin(t, "step-down", stepped, 2*ttl/3)
 	compatWithin(t, "crash → Down across a leader change", down, 2*ttl)
-	compatFigures(t, fmt.Sprintf("leader-change checkpoint=%v", checkpoint), "ttl", ttl, "moved-at", moved,
+	compatFigures(t, "leader-change", "ttl", ttl, "moved-at", moved,
 		"ttl-before", fmt.Sprintf("%ds", remaining), "ttl-after", fmt.Sprintf("%ds", after),
 		"crash→down", down, "stepdown", stepped, "successor", successor)
 }

@@ -120,12 +120,28 @@ func compatWithin(t *testing.T, what string, d, bound time.Duration) {
 	}
 }
 
+// TestCompat and its promises run in parallel with the other long tests
+// (see "Parallel tests" in helpers_test.go): each has an etcd of its own
+// and waits mostly on its leases. .ci/compat runs them one at a time
+// (-parallel 1), so that the figures it tabulates are not those of a
+// loaded machine.
 func TestCompat(t *testing.T) {
-	t.Run("liveness", testCompatLiveness)
-	t.Run("watcher", testCompatWatcher)
-	t.Run("election", testCompatElection)
-	t.Run("pool", testCompatPool)
-	t.Run("shardset", testCompatShardSet)
+	t.Parallel()
+	for _, p := range []struct {
+		name string
+		test func(*testing.T)
+	}{
+		{"liveness", testCompatLiveness},
+		{"watcher", testCompatWatcher},
+		{"election", testCompatElection},
+		{"pool", testCompatPool},
+		{"shardset", testCompatShardSet},
+	} {
+		t.Run(p.name, func(t *testing.T) {
+			t.Parallel()
+			p.test(t)
+		})
+	}
 }
 
 // testCompatLiveness: a registration is seen Up; it heals when its lease
@@ -465,6 +481,7 @@ func TestCompatLeaderChange(t *testing.T) {
 	t.Parallel() // long and bound by waits: see "Parallel tests" in helpers_test.go
 	for _, cp := range []bool{false, true} {
 		t.Run(fmt.Sprintf("checkpoint=%v", cp), func(t *testing.T) {
+			t.Parallel()
 			testCompatLeaderChange(t, cp)
 		})
 	}

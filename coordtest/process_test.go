@@ -5,11 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/go-coord/coord/internal/testenv"
 )
 
 // selfEtcdEnv, when set, makes the test binary run as etcd (see TestMain):
@@ -28,7 +33,22 @@ func etcdBinary(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return bin
+	err = exec.Command(bin, "--version").Run()
+	if !errors.Is(err, syscall.ENOEXEC) {
+		return bin
+	}
+	// Under user-mode emulation (how CI runs the other targets) the
+	// kernel may not know how to run this binary by itself: a script runs
+	// it under the same emulator.
+	emu, lerr := exec.LookPath(testenv.Emulator())
+	if lerr != nil {
+		t.Fatalf("running the test binary as etcd: %v; no emulator: %v", err, lerr)
+	}
+	script := filepath.Join(t.TempDir(), "etcd")
+	if err := os.WriteFile(script, []byte("#!/bin/sh\nexec "+emu+" "+bin+` "$@"`+"\n"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return script
 }
 
 func TestProcess(t *testing.T) {

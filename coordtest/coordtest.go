@@ -17,8 +17,14 @@
 //     blackholes, pauses or delays the connections through it, as a network
 //     fault would, while the server keeps running.
 //   - Standalone: a Server outside a test (runnable examples, demos,
-//     tools), started by Start with its data in a given directory. Its
-//     methods return errors where a Server's fail the test; Close stops it.
+//     tools), started by Start with its data in a given directory (StartAt:
+//     at a given address, its data kept there). Its methods return errors
+//     where a Server's fail the test; Close stops it.
+//   - Process and ProcessCluster: an etcd binary of any version run as a
+//     child process, alone or as a cluster, with the surface of a Server,
+//     for compatibility tests. NewEtcd returns a Process of the binary that
+//     the environment variable COORD_TEST_ETCD names, else a Server: the
+//     Etcd interface they share lets one test run on both.
 //
 // Servers and members are tuned for tests (see Config): a 10 ms heartbeat
 // (TickMs) and a 100 ms election timeout (ElectionMs), so that etcd grants a

@@ -40,15 +40,23 @@ func etcdBinary(t *testing.T) string {
 	// Under user-mode emulation (how CI runs the other targets) the
 	// kernel may not know how to run this binary by itself: a script runs
 	// it under the same emulator.
-	emu, lerr := exec.LookPath(testenv.Emulator())
-	if lerr != nil {
-		t.Fatalf("running the test binary as etcd: %v; no emulator: %v", err, lerr)
-	}
+	emu := etcdEmulator(t)
 	script := filepath.Join(t.TempDir(), "etcd")
 	if err := os.WriteFile(script, []byte("#!/bin/sh\nexec "+emu+" "+bin+` "$@"`+"\n"), 0o700); err != nil {
 		t.Fatal(err)
 	}
 	return script
+}
+
+// etcdEmulator is the path of the emulator that runs this binary where the
+// kernel cannot by itself.
+func etcdEmulator(t *testing.T) string {
+	t.Helper()
+	emu, err := exec.LookPath(testenv.Emulator())
+	if err != nil {
+		t.Fatalf("this binary cannot run by itself, and no emulator: %v", err)
+	}
+	return emu
 }
 
 func TestProcess(t *testing.T) {

@@ -17,8 +17,14 @@
 //     blackholes, pauses or delays the connections through it, as a network
 //     fault would, while the server keeps running.
 //   - Standalone: a Server outside a test (runnable examples, demos,
-//     tools), started by Start with its data in a given directory. Its
-//     methods return errors where a Server's fail the test; Close stops it.
+//     tools), started by Start with its data in a given directory (StartAt:
+//     at a given address, its data kept there). Its methods return errors
+//     where a Server's fail the test; Close stops it.
+//   - Process and ProcessCluster: an etcd binary of any version run as a
+//     child process, alone or as a cluster, with the surface of a Server,
+//     for compatibility tests. NewEtcd returns a Process of the binary that
+//     the environment variable COORD_TEST_ETCD names, else a Server: the
+//     Etcd interface they share lets one test run on both.
 //
 // Servers and members are tuned for tests (see Config): a 10 ms heartbeat
 // (TickMs) and a 100 ms election timeout (ElectionMs), so that etcd grants a
@@ -59,6 +65,7 @@ import (
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/pkg/v3/featuregate"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.etcd.io/etcd/server/v3/storage/mvcc"
 	"go.uber.org/zap"
@@ -107,6 +114,13 @@ type Config struct {
 	// default TickMs). etcd's minimum lease TTL is
 	// ceil(1.5*ElectionMs / 1000) seconds.
 	ElectionMs uint
+	// LeaseCheckpoint turns on etcd's lease checkpointing: the leader
+	// records the remaining TTL of long leases in raft, so that a new
+	// leader resumes their countdown instead of granting them their full
+	// TTL again. etcd checkpoints only the leases whose remaining TTL
+	// exceeds its checkpoint interval, 5 minutes, which its command line
+	// cannot change.
+	LeaseCheckpoint bool
 	// Logger receives the embedded server's logs. Nil means zap.NewNop().
 	// A zaptest logger is fine: the server logs nothing after its cleanup.
 	Logger *zap.Logger
@@ -430,6 +444,10 @@ func (sp memberSpec) embedConfig(rpcCtx context.Context) *embed.Config {
 		cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
 	}
 	cfg.ListenMetricsUrls = nil
+	if sp.cfg.LeaseCheckpoint {
+		// The gate is valid: Set fails only on an unknown feature.
+		_ = cfg.ServerFeatureGate.(featuregate.MutableFeatureGate).Set("LeaseCheckpoint=true")
+	}
 	cfg.UnsafeNoFsync = true
 	// Password hashing at its cheapest: tests with auth log users in often.
 	cfg.BcryptCost = uint(bcrypt.MinCost)

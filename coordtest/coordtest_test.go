@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -11,10 +12,16 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/etcdmain"
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(selfEtcdEnv) != "" {
+		etcdmain.Main(os.Args) // exits
+	}
+	// The processes the tests start run this binary as etcd.
+	os.Setenv(selfEtcdEnv, "1")
 	goleak.VerifyTestMain(m)
 }
 

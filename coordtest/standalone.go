@@ -3,6 +3,8 @@ package coordtest
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/url"
 	"os"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -33,6 +35,52 @@ func Start(dir string, cfg Config) (*Standalone, error) {
 		s.Close()
 		return nil, fmt.Errorf("coordtest: %w", err)
 	}
+	return standalone(s)
+}
+
+// StartAt is Start with the data in dir itself and the client listener on
+// addr ("host:port"; port 0 picks a free one): a development etcd at a
+// known address, whose data outlives it. dir is created if needed; the
+// data an earlier Standalone left there is used again (its keys, its
+// leases). The peer listener is on a free loopback port: the server is a
+// cluster of one. The client URL is http://addr, as Endpoint says (with the
+// port picked, if 0).
+func StartAt(dir, addr string, cfg Config) (*Standalone, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("coordtest: client address %q: %w", addr, err)
+	}
+	if port == "0" {
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			return nil, fmt.Errorf("coordtest: picking a free port on %s: %w", host, err)
+		}
+		addr = l.Addr().String()
+		l.Close()
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("coordtest: creating data directory: %w", err)
+	}
+	ports, err := freeLoopbackPorts(1)
+	if err != nil {
+		return nil, fmt.Errorf("coordtest: %w", err)
+	}
+	s := newServer(nil, cfg)
+	s.dir = dir
+	s.clientURL = url.URL{Scheme: "http", Host: addr}
+	s.peerURL = loopbackURL("http", ports[0])
+	s.lifeMu.Lock()
+	err = s.startLocked()
+	s.lifeMu.Unlock()
+	if err != nil {
+		s.Close()
+		return nil, fmt.Errorf("coordtest: starting etcd: %w", err)
+	}
+	return standalone(s)
+}
+
+// standalone wraps a started server, with its shared client.
+func standalone(s *Server) (*Standalone, error) {
 	// Created now, so that Client has no failure to report.
 	shared, err := s.sharedClient(s.ClientConfig())
 	if err != nil {

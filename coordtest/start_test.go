@@ -205,3 +205,34 @@ func TestServerCloseEarly(t *testing.T) {
 		t.Error("client registered after Close")
 	}
 }
+
+func TestStartAt(t *testing.T) {
+	ctx := testCtx(t)
+	dir := filepath.Join(t.TempDir(), "data")
+	x, err := StartAt(dir, "127.0.0.1:0", Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ep := x.Endpoint(); !strings.HasPrefix(ep, "http://127.0.0.1:") || strings.HasSuffix(ep, ":0") {
+		t.Errorf("Endpoint() = %q, want the port picked", ep)
+	}
+	mustPut(t, ctx, x.Client(), "k", "kept")
+	x.Close()
+
+	// The data stays in dir itself, for the next one.
+	if _, err := os.Stat(filepath.Join(dir, "member")); err != nil {
+		t.Fatalf("no etcd data in %s: %v", dir, err)
+	}
+	y, err := StartAt(dir, "127.0.0.1:0", Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer y.Close()
+	if got, err := getValue(ctx, y.Client(), "k"); err != nil || got != "kept" {
+		t.Fatalf("Get after a restart on the same data = %q, %v; want kept", got, err)
+	}
+
+	if _, err := StartAt(dir, "no-port", Config{}); err == nil || !strings.HasPrefix(err.Error(), "coordtest: ") {
+		t.Errorf("StartAt on a bad address: %v", err)
+	}
+}

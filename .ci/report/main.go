@@ -12,6 +12,8 @@
 //	coverage PROFILE              package coord's coverage: PERCENT COVERED TOTAL
 //	missed PROFILE [MAX]          package coord's blocks that no test ran
 //	checkskips SKIPS              checks the declared skips' format
+//	compat LABEL LOG [LABEL LOG]...
+//	                              the table of the compatibility suite's runs: promise × etcd version
 //
 // PROFILE "" means no coverage. The coverage gate is $COVERAGE_GATE (default
 // 100). Standard library only: it builds on a fresh machine with Go alone.
@@ -24,7 +26,7 @@ import (
 )
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: report text [LOG] | skips LOG [SKIPS] | count ACTION LOG | row TARGET LOG PROFILE SECONDS RC SKIPS | report LOG PROFILE SKIPS | coverage PROFILE | missed PROFILE [MAX] | checkskips SKIPS")
+	fmt.Fprintln(os.Stderr, "usage: report text [LOG] | skips LOG [SKIPS] | count ACTION LOG | row TARGET LOG PROFILE SECONDS RC SKIPS | report LOG PROFILE SKIPS | coverage PROFILE | missed PROFILE [MAX] | checkskips SKIPS | compat LABEL LOG...")
 	os.Exit(2)
 }
 
@@ -94,6 +96,11 @@ func main() {
 		nargs(1, 1)
 		var ok bool
 		if ok, err = checkSkips(w, args[0]); err == nil && !ok {
+			code = 1
+		}
+	case "compat":
+		var ok bool
+		if ok, err = compatCmd(w, args); err == nil && !ok {
 			code = 1
 		}
 	default:

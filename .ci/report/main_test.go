@@ -111,3 +111,34 @@ func TestCoverage(t *testing.T) {
 		}
 	}
 }
+
+// The compatibility table: a row per promise, a row per figure under it;
+// a failed promise, or one missing from a run, fails.
+func TestCompat(t *testing.T) {
+	a := write(t, "a.json", `{"Action":"run","Package":"p","Test":"TestCompat"}
+{"Action":"run","Package":"p","Test":"TestCompat/liveness"}
+{"Action":"output","Package":"p","Test":"TestCompat/liveness","Output":"    compat_test.go:1: compat: liveness ttl=2.000s crash→down=2.4s\n"}
+{"Action":"pass","Package":"p","Test":"TestCompat/liveness"}
+{"Action":"pass","Package":"p","Test":"TestCompat"}
+{"Action":"run","Package":"p","Test":"TestCompatLeaderChange/checkpoint=false"}
+{"Action":"output","Package":"p","Test":"TestCompatLeaderChange/checkpoint=false","Output":"    c.go:2: needs 3.5\n"}
+{"Action":"skip","Package":"p","Test":"TestCompatLeaderChange/checkpoint=false"}
+{"Action":"pass","Package":"p","Test":"TestCompatLeaderChange"}
+`)
+	b := write(t, "b.json", `{"Action":"run","Package":"p","Test":"TestCompat/liveness"}
+{"Action":"output","Package":"p","Test":"TestCompat/liveness","Output":"    compat_test.go:1: compat: liveness ttl=2.000s\n"}
+{"Action":"fail","Package":"p","Test":"TestCompat/liveness"}
+`)
+	var ok bool
+	got := run(t, func(w writer) (err error) { ok, err = compatCmd(w, []string{"v1", a, "v2", b}); return err })
+	want := `PROMISE / FIGURE                v1              v2            
+liveness                        pass            FAIL          
+  ttl                           2.000s          2.000s        
+  crash→down                    2.4s            -             
+leader-change/checkpoint=false  skip            MISSING       
+leader-change/checkpoint=false on v1 skipped: c.go:2: needs 3.5
+`
+	if got != want || ok {
+		t.Errorf("compat (ok %v):\n%s\nwant\n%s", ok, got, want)
+	}
+}

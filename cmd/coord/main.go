@@ -2,6 +2,7 @@
 // a set of operator tools for the hosts and elections of a live etcd cluster.
 //
 //	coord demo                      # embedded etcd, simulated agents, crashes, failover
+//	coord etcd                      # a development etcd on 127.0.0.1:2379 until Ctrl-C
 //	coord hosts -o json             # the live hosts under --prefix
 //	coord watch                     # host events until Ctrl-C
 //	coord leader KEY                # the leader of an election
@@ -63,6 +64,7 @@ type command struct {
 func commands() []command {
 	return []command{
 		{"demo", "", "run a self-contained demo: embedded etcd, agents, crashes, failover", cmdDemo},
+		{"etcd", "", "run a development etcd (embedded, short leases) until interrupted", cmdEtcd},
 		{"hosts", "", "list the live hosts under --prefix", cmdHosts},
 		{"watch", "", "stream host events until interrupted", cmdWatch},
 		{"leader", "KEY", "print the identity of the leader of election KEY", cmdLeader},

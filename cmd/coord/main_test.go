@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -18,8 +19,15 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(mainEnv) != "" {
+		main() // exits
+	}
 	goleak.VerifyTestMain(m)
 }
+
+// mainEnv, when set, makes the test binary run coord's main with its
+// arguments: a test that sends signals runs coord as a process so.
+const mainEnv = "COORD_TEST_RUN_MAIN"
 
 // scale stretches every deadline and time bound of the tests for slow
 // machines (emulated CPUs), as in package coord's tests:

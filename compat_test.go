@@ -1,0 +1,543 @@
+package coord
+
+// The compatibility suite: each primitive's main promises, through the
+// public API, on whatever etcd it is given: the embedded server, or the
+// etcd binary named by COORD_TEST_ETCD (coordtest.NewEtcd), of any
+// version. CI runs it on every etcd version it supports (.ci/compat) and
+// makes a table of the results and of the figures each promise logs on a
+// line of its own, prefixed by compatTag:
+//
+//	compat: PROMISE NAME=VALUE ...
+//
+//	go test -count=1 -run TestCompat .                              # embedded
+//	COORD_TEST_ETCD=/usr/bin/etcd go test -count=1 -run TestCompat -v .
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/go-coord/coord/coordtest"
+)
+
+// compatTag starts the log lines that carry a figure of the suite.
+const compatTag = "compat:"
+
+// compatFigures logs the figures of a promise on one line, NAME=VALUE
+// pairs given in order, for the CI's table.
+func compatFigures(t *testing.T, promise string, kv ...any) {
+	t.Helper()
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %s", compatTag, promise)
+	for i := 0; i+1 < len(kv); i += 2 {
+		v := kv[i+1]
+		if d, ok := v.(time.Duration); ok {
+			v = compatDur(d)
+		}
+		fmt.Fprintf(&b, " %v=%v", kv[i], v)
+	}
+	t.Log(b.String())
+}
+
+// compatDur is d as the table shows it: seconds, to the millisecond.
+func compatDur(d time.Duration) string { return fmt.Sprintf("%.3fs", d.Seconds()) }
+
+// compatEtcd starts the etcd of the suite for a test: a process of
+// COORD_TEST_ETCD's binary, else the embedded server.
+func compatEtcd(t *testing.T) coordtest.Etcd {
+	t.Helper()
+	return coordtest.NewEtcd(t, coordtest.Config{})
+}
+
+// compatTTL is the TTL of the suite's leases: 2 s, stretched on slow
+// machines.
+func compatTTL() time.Duration { return 2 * time.Second * scale }
+
+// compatSlack is how late, past its bound, a measured time may come: the
+// expiry checks of etcd (every 500 ms) and the scheduling of a loaded
+// machine.
+func compatSlack() time.Duration { return 1500 * time.Millisecond * scale }
+
+// compatHost is a host of the suite: its own link to etcd through a proxy,
+// so that it can crash (see crash), and its registration.
+type compatHost struct {
+	id   string
+	px   *coordtest.Proxy
+	cli  *clientv3.Client
+	live *HostLiveness
+}
+
+// compatRegister registers id with ttl on a client of its own, through a
+// proxy of its own in front of etcd.
+func compatRegister(t *testing.T, e interface {
+	NewProxy(testing.TB) *coordtest.Proxy
+}, id string, ttl time.Duration) *compatHost {
+	t.Helper()
+	h := &compatHost{id: id, px: e.NewProxy(t)}
+	h.cli = h.px.NewClient(t)
+	h.live = register(t, h.cli, id, LivenessOptions{TTL: ttl})
+	return h
+}
+
+// crash makes h crash: nothing of it reaches etcd from now on, where its
+// lease runs out, and its client is closed. It returns when.
+func (h *compatHost) crash() time.Time {
+	h.px.Blackhole()
+	at := time.Now()
+	h.cli.Close()
+	return at
+}
+
+// compatNext waits for the next event of r about id from position i on of
+// kind, and returns when it was received.
+func compatNext(t *testing.T, r *fcRecorder, i int, kind HostEventKind, id string) time.Time {
+	t.Helper()
+	var at time.Time
+	r.until(t, fmt.Sprintf("%v of %s", kind, id), func(evs []HostEvent) bool {
+		for j := i; j < len(evs); j++ {
+			if evs[j].Kind == kind && evs[j].HostUUID == id {
+				at = r.times[j] // r.mu is held while cond runs
+				return true
+			}
+		}
+		return false
+	})
+	return at
+}
+
+// compatWithin fails the test if d exceeds bound by more than the slack.
+func compatWithin(t *testing.T, what string, d, bound time.Duration) {
+	t.Helper()
+	if d > bound+compatSlack() {
+		t.Errorf("%s took %v, want at most %v (+%v slack)", what, d, bound, compatSlack())
+	}
+}
+
+// TestCompat and its promises run in parallel with the other long tests
+// (see "Parallel tests" in helpers_test.go): each has an etcd of its own
+// and waits mostly on its leases. .ci/compat runs them one at a time
+// (-parallel 1), so that the figures it tabulates are not those of a
+// loaded machine.
+func TestCompat(t *testing.T) {
+	t.Parallel()
+	for _, p := range []struct {
+		name string
+		test func(*testing.T)
+	}{
+		{"liveness", testCompatLiveness},
+		{"watcher", testCompatWatcher},
+		{"election", testCompatElection},
+		{"pool", testCompatPool},
+		{"shardset", testCompatShardSet},
+	} {
+		t.Run(p.name, func(t *testing.T) {
+			t.Parallel()
+			p.test(t)
+		})
+	}
+}
+
+// testCompatLiveness: a registration is seen Up; it heals when its lease
+// is revoked behind its back; Stop is seen Down at once; a crashed host is
+// seen Down once its TTL has run out.
+func testCompatLiveness(t *testing.T) {
+	e := compatEtcd(t)
+	cli, ttl, prefix := e.Client(), compatTTL(), HostsPrefix
+	r := fcWatch(t, cli, WatcherOptions{})
+	a := compatRegister(t, e, "a", ttl)
+	compatNext(t, r, 0, HostUp, "a")
+	if got := a.live.TTL(); got != ttl {
+		t.Errorf("TTL() = %v, want %v", got, ttl)
+	}
+
+	// Heal: the lease revoked by another agent; a new lease, Down then Up.
+	old, mark := a.live.LeaseID(), r.len()
+	revoked := time.Now()
+	etRevoke(t, cli, old)
+	compatNext(t, r, mark, HostDown, "a")
+	healTook := compatNext(t, r, mark, HostUp, "a").Sub(revoked)
+	// Up is seen once etcd holds the new key, maybe just before the
+	// registration records its lease.
+	eventually(t, "a new lease", func() bool { return a.live.LeaseID() != old })
+
+	// Stop: Down at once.
+	mark = r.len()
+	stopped := time.Now()
+	if err := a.live.Stop(testCtx(t)); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	stopTook := compatNext(t, r, mark, HostDown, "a").Sub(stopped)
+	compatWithin(t, "Stop → Down", stopTook, 0)
+
+	// Crash: Down within the TTL.
+	b := compatRegister(t, e, "b", ttl)
+	compatNext(t, r, mark, HostUp, "b")
+	mark = r.len()
+	crashed := b.crash()
+	crashTook := compatNext(t, r, mark, HostDown, "b").Sub(crashed)
+	compatWithin(t, "crash → Down", crashTook, ttl)
+	if n := keyCount(t, cli, prefix); n != 0 {
+		t.Errorf("%d host keys left, want none", n)
+	}
+	compatFigures(t, "liveness", "ttl", ttl, "heal", healTook, "stop→down", stopTook, "crash→down", crashTook)
+}
+
+// testCompatWatcher: the snapshot is one synthetic Up per host, then
+// Synced; after a compaction that removed the events the watcher missed,
+// and after an etcd restart, it emits only the differences and its replica
+// matches etcd.
+func testCompatWatcher(t *testing.T) {
+	e := compatEtcd(t)
+	cli, ctx, prefix := e.Client(), testCtx(t), prefixFor(t)
+	lease := wtGrant(t, cli)
+	wtPutAll(t, cli, prefix, lease, "keep", "gone", "upd")
+	px := e.NewProxy(t)
+	w := wtWatch(t, ctx, px.NewClient(t), WatcherOptions{Prefix: prefix})
+	r := newWtReplica(t)
+	for range 3 {
+		ev := next(t, w)
+		if !ev.Synthetic || ev.Kind != HostUp {
+			t.Fatalf("snapshot event %+v, want a synthetic Up", ev)
+		}
+		r.apply(ev)
+	}
+	waitClosed(t, w.Synced(), "Synced")
+	r.matches(cli, prefix)
+
+	// Missed changes, then a compaction of their history: the watch
+	// cannot resume, the watcher lists again (see TestHostWatcherFaults).
+	px.Blackhole()
+	wtPut(t, cli, prefix, meta("new"), lease)
+	if _, err := cli.Delete(ctx, prefix+"gone"); err != nil {
+		t.Fatal(err)
+	}
+	upd := meta("upd")
+	upd.Version = "2.0"
+	wtPut(t, cli, prefix, upd, lease)
+	rev := e.Compact(ctx)
+	e.Stop()
+	px.Unblackhole()
+	cut := time.Now()
+	e.Restart()
+	for range 3 {
+		ev := next(t, w)
+		if !ev.Synthetic || ev.Revision != rev {
+			t.Fatalf("resync event %+v, want synthetic at revision %d", ev, rev)
+		}
+		r.apply(ev)
+	}
+	resyncTook := time.Since(cut)
+	quiet(t, cli, w, prefix)
+	r.matches(cli, prefix)
+
+	// A restart with nothing missed: the watch resumes, no resync.
+	e.Stop()
+	restarted := time.Now()
+	e.Restart()
+	put := wtPut(t, cli, prefix, meta("after"), lease)
+	ev := next(t, w)
+	r.apply(ev)
+	wtCheck(t, ev, meta("after"), put, false)
+	resumeTook := time.Since(restarted)
+	r.matches(cli, prefix)
+	wtNoErr(t, w)
+	compatFigures(t, "watcher", "resync-after-compaction", resyncTook, "resume-after-restart", resumeTook)
+}
+
+// testCompatElection: a leader cut off from etcd steps down before its
+// successor wins; tokens increase; the old leader's Guard no longer holds
+// and the new one's does.
+func testCompatElection(t *testing.T) {
+	e := compatEtcd(t)
+	cli, ttl := e.Client(), compatTTL()
+	px := e.NewProxy(t)
+	a := etElection(t, px.NewClient(t), ElectionOptions{TTL: ttl})
+	b := etElection(t, e.NewClient(t), ElectionOptions{TTL: ttl})
+	t.Cleanup(px.Unblackhole) // before a's Close: its resign then gets through
+	etCampaign(t, a, "a")
+	res := etQueue(t, testCtx(t), cli, b)
+	if got, err := b.Leader(testCtx(t)); err != nil || got != "a" {
+		t.Fatalf("Leader() = %q, %v; want a", got, err)
+	}
+	aToken, aGuard := a.Token(), a.Guard()
+
+	px.Blackhole()
+	cut := time.Now()
+	waitClosed(t, a.Done(), "Done of the leader cut off")
+	stepped := time.Now()
+	won := etWait(t, res)
+	if won.err != nil || !b.IsLeader() {
+		t.Fatalf("successor's Campaign: %v, IsLeader %v", won.err, b.IsLeader())
+	}
+	if !stepped.Before(won.at) {
+		t.Errorf("the old leader stepped down %v after the successor won", stepped.Sub(won.at))
+	}
+	if b.Token() <= aToken {
+		t.Errorf("successor's token %d, not above %d", b.Token(), aToken)
+	}
+	if etGuarded(t, cli, aGuard) {
+		t.Error("the old leader's Guard still holds")
+	}
+	if !etGuarded(t, cli, b.Guard()) {
+		t.Error("the new leader's Guard does not hold")
+	}
+	compatWithin(t, "step-down", stepped.Sub(cut), 2*ttl/3)
+	compatFigures(t, "election", "ttl", ttl, "stepdown", stepped.Sub(cut), "successor", won.at.Sub(cut),
+		"margin", won.at.Sub(stepped))
+}
+
+// testCompatPool: the pool's elections share sessions, KeysPerSession per
+// lease; closing the pool hands every key to the standbys of another pool.
+func testCompatPool(t *testing.T) {
+	e := compatEtcd(t)
+	cli := e.Client()
+	keys := ptKeys(5)
+	p := ptPool(t, e.NewClient(t), PoolOptions{TTL: compatTTL(), KeysPerSession: 2})
+	for _, k := range keys {
+		etCampaign(t, ptElection(t, p, k), "p")
+	}
+	ptStats(t, p, PoolStats{Elections: 5, Sessions: 3, Leading: 5, TTL: compatTTL()})
+	if n := len(ptLeases(t, cli)); n != 3 {
+		t.Fatalf("%d leases in etcd, want the pool's 3", n)
+	}
+	q := ptPool(t, e.NewClient(t), PoolOptions{TTL: compatTTL(), KeysPerSession: 2})
+	var waiting []<-chan etResult
+	for _, k := range keys {
+		waiting = append(waiting, etCampaignAsync(testCtx(t), ptElection(t, q, k), "q"))
+	}
+	for _, k := range keys {
+		etWaitCount(t, cli, k+"/", 2, clientv3.WithPrefix())
+	}
+	closed := time.Now()
+	if err := p.Close(); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	var last time.Time
+	for _, w := range waiting {
+		r := etWait(t, w)
+		if r.err != nil {
+			t.Fatalf("standby's Campaign: %v", r.err)
+		}
+		if r.at.After(last) {
+			last = r.at
+		}
+	}
+	ptStats(t, q, PoolStats{Elections: 5, Sessions: 3, Leading: 5, TTL: compatTTL()})
+	if n := len(ptLeases(t, cli)); n != 3 {
+		t.Fatalf("%d leases in etcd after Close, want the other pool's 3", n)
+	}
+	compatWithin(t, "handover after Close", last.Sub(closed), 0)
+	compatFigures(t, "pool", "keys", len(keys), "sessions", 3, "handover", last.Sub(closed))
+}
+
+// testCompatShardSet: the shards spread over the members as ranked; when
+// a member crashes its shards move to the next in rank; the fenced writes
+// of the Runs never overlap.
+func testCompatShardSet(t *testing.T) {
+	e := compatEtcd(t)
+	cli, ttl := e.Client(), compatTTL()
+	l, shards := newShLedger(), shNames(8)
+	var hosts []*shHost
+	for _, id := range shIDs(3) {
+		h := compatRegister(t, e, id, ttl)
+		hosts = append(hosts, &shHost{id: id, px: h.px, cli: h.cli, live: h.live})
+	}
+	opts := ShardOptions{Shards: shards, TTL: ttl}
+	for _, h := range hosts {
+		o := opts
+		o.Run = l.writer(h.cli, h.id)
+		h.start(t, l, o)
+	}
+	owners := shSettle(t, l, shards, hosts, hosts)
+	for _, h := range hosts {
+		if slices.Contains(slices.Collect(maps.Values(owners)), h.id) {
+			l.waitWrites(t, h.id, l.writesOf(h.id), 1)
+		}
+	}
+
+	// The crashed member's shards move to the next in rank, in about a TTL.
+	gone := hosts[0]
+	var moved []string
+	for s, o := range owners {
+		if o == gone.id {
+			moved = append(moved, s)
+		}
+	}
+	gone.crash()
+	crashed := time.Now()
+	after := shSettle(t, l, shards, hosts[1:], hosts[1:])
+	settled := time.Since(crashed)
+	for _, s := range moved {
+		l.waitWrites(t, after[s], l.writesOf(after[s]), 1)
+	}
+	overlaps, handoffs := shCheck(shHistory(t, cli))
+	if overlaps != 0 {
+		t.Errorf("%d fenced writes overlap another owner's", overlaps)
+	}
+	if handoffs < len(moved) {
+		t.Errorf("%d handoffs in the writes, want at least the %d shards moved", handoffs, len(moved))
+	}
+	compatWithin(t, "handoff after a crash", settled, 2*ttl)
+	compatFigures(t, "shardset", "shards", len(shards), "members", len(hosts), "moved", len(moved),
+		"crash→reowned", settled, "writes", len(l.acked()), "overlaps", overlaps)
+}
+
+// compatBinary is the etcd binary of the suite, "" for the embedded server.
+func compatBinary() string { return os.Getenv(coordtest.EtcdEnv) }
+
+// compatCluster is a three-member etcd of the suite: processes of
+// COORD_TEST_ETCD's binary, else an embedded Cluster.
+type compatCluster struct {
+	cli     *clientv3.Client
+	members []interface {
+		NewProxy(testing.TB) *coordtest.Proxy
+		NewClient(testing.TB) *clientv3.Client
+		Endpoint() string
+	}
+}
+
+func newCompatCluster(t *testing.T, cfg coordtest.Config) *compatCluster {
+	t.Helper()
+	c := &compatCluster{}
+	if bin := compatBinary(); bin != "" {
+		pc := coordtest.NewProcessCluster(t, bin, 3, cfg)
+		c.cli = pc.Client()
+		for _, m := range pc.Members() {
+			c.members = append(c.members, m)
+		}
+		return c
+	}
+	ec := coordtest.NewClusterWith(t, 3, cfg)
+	c.cli = ec.Client()
+	for _, m := range ec.Members() {
+		c.members = append(c.members, m)
+	}
+	return c
+}
+
+// leader returns the index of the member that leads and its ID, as the
+// members' status says.
+func (c *compatCluster) leader(t *testing.T) (int, uint64) {
+	t.Helper()
+	var lead uint64
+	ids := make([]uint64, len(c.members))
+	eventually(t, "a leader", func() bool {
+		votes := map[uint64]int{}
+		for i, m := range c.members {
+			ctx, cancel := context.WithTimeout(testCtx(t), time.Second)
+			st, err := c.cli.Status(ctx, m.Endpoint())
+			cancel()
+			if err == nil {
+				ids[i] = st.Header.MemberId
+				votes[st.Leader]++
+			}
+		}
+		for id, n := range votes {
+			if id != 0 && n > len(c.members)/2 {
+				lead = id
+				return true
+			}
+		}
+		return false
+	})
+	return slices.Index(ids, lead), lead
+}
+
+// moveLeader hands etcd's leadership from the leader to another member
+// (through the maintenance API) and waits until it leads.
+func (c *compatCluster) moveLeader(t *testing.T) {
+	t.Helper()
+	from, _ := c.leader(t)
+	to := (from + 1) % len(c.members)
+	ctx := testCtx(t)
+	st, err := c.cli.Status(ctx, c.members[to].Endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.members[from].NewClient(t).MoveLeader(ctx, st.Header.MemberId); err != nil {
+		t.Fatalf("MoveLeader: %v", err)
+	}
+	eventually(t, "the new leader", func() bool {
+		i, _ := c.leader(t)
+		return i == to
+	})
+}
+
+// TestCompatLeaderChange: on a three-member etcd, a host crashes and etcd's
+// leadership moves just before its lease would expire. The new leader
+// grants every lease its full TTL again (unless lease checkpointing is on
+// and the lease is long enough to be checkpointed, over 5 minutes): the
+// crashed host is seen Down up to two TTLs after the crash. Step-down
+// safety holds either way: the leader cut off steps down within two thirds
+// of the TTL, long before its successor can win.
+func TestCompatLeaderChange(t *testing.T) {
+	t.Parallel() // long and bound by waits: see "Parallel tests" in helpers_test.go
+	for _, cp := range []bool{false, true} {
+		t.Run(fmt.Sprintf("checkpoint=%v", cp), func(t *testing.T) {
+			t.Parallel()
+			testCompatLeaderChange(t, cp)
+		})
+	}
+}
+
+func testCompatLeaderChange(t *testing.T, checkpoint bool) {
+	ttl := 3 * time.Second * scale
+	c := newCompatCluster(t, coordtest.Config{LeaseCheckpoint: checkpoint})
+	r := fcWatch(t, c.cli, WatcherOptions{})
+	h := compatRegister(t, c.members[0], "crashed", ttl)
+	compatNext(t, r, 0, HostUp, "crashed")
+	// The host's leader runs on a link of its own, which the crash cuts
+	// too: closing its client would end the leadership at once.
+	apx := c.members[0].NewProxy(t)
+	a := etElection(t, apx.NewClient(t), ElectionOptions{TTL: ttl})
+	b := etElection(t, c.members[1].NewClient(t), ElectionOptions{TTL: ttl})
+	t.Cleanup(apx.Unblackhole) // before a's Close: its resign then gets through
+	etCampaign(t, a, "a")
+	res := etQueue(t, testCtx(t), c.cli, b)
+	lease := h.live.LeaseID()
+
+	// When the leader cut off steps down, whatever the test waits on then.
+	steppedAt := make(chan time.Time, 1)
+	go func() {
+		<-a.Done() // at the latest at a's Close, when the test ends
+		steppedAt <- time.Now()
+	}()
+	mark := r.len()
+	apx.Blackhole()
+	cut := h.crash()
+	// The leadership moves once the crashed host's lease has a second or
+	// less to live: polling etcd's view of the lease.
+	for etTTL(t, c.cli, lease) > 1 {
+		if time.Since(cut) > 2*ttl {
+			t.Fatalf("the lease still has %d s to live %v after the crash", etTTL(t, c.cli, lease), time.Since(cut))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	remaining := etTTL(t, c.cli, lease)
+	c.moveLeader(t)
+	moved := time.Since(cut)
+	after := etTTL(t, c.cli, lease)
+
+	stepped := receive(t, steppedAt, "Done of the leader cut off").Sub(cut)
+	down := compatNext(t, r, mark, HostDown, "crashed").Sub(cut)
+	won := etWait(t, res)
+	if won.err != nil || !b.IsLeader() {
+		t.Fatalf("successor's Campaign: %v, IsLeader %v", won.err, b.IsLeader())
+	}
+	successor := won.at.Sub(cut)
+	if stepped >= successor {
+		t.Errorf("the old leader stepped down %v after the crash, its successor won at %v", stepped, successor)
+	}
+	compatWithin(t, "step-down", stepped, 2*ttl/3)
+	compatWithin(t, "crash → Down across a leader change", down, 2*ttl)
+	compatFigures(t, "leader-change", "ttl", ttl, "moved-at", moved,
+		"ttl-before", fmt.Sprintf("%ds", remaining), "ttl-after", fmt.Sprintf("%ds", after),
+		"crash→down", down, "stepdown", stepped, "successor", successor)
+}

@@ -206,6 +206,13 @@ type ShardOptions struct {
 	// another live member; a shard without an owner is taken at once. 0
 	// means DefaultShardMaxMoves; negative is an error.
 	MaxMoves int
+	// Settle is how long no member may have joined before we campaign
+	// for a shard we do not hold yet: a fleet starting, or a rolling
+	// restart, is ranked once it has settled, not at each join, and a
+	// shard moves once, not at every join. A member leaving does not
+	// wait: its standbys are in line already. 0 means a tenth of the TTL;
+	// negative is an error.
+	Settle time.Duration
 	// TTL of the shared sessions of the shard elections: a whole number
 	// of seconds. Default 10s.
 	TTL time.Duration

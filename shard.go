@@ -75,6 +75,21 @@ type ShardSet struct {
 	draining    bool
 	moves       int             // our campaigns to take a shard over from another live member
 	waitMove    map[string]bool // shards we want, waiting for a move slot
+	// The shards' rankings, kept as the live members change (see
+	// refreshLocked): by shard, the members that take part, best first;
+	// whether we are among its candidates; the members they hold.
+	order       map[string][]ShardMember
+	ranked      map[string]bool
+	ordered     map[string]ShardMember
+	selfLive    bool // whether we were a live member at the last refresh
+	refreshed   bool // whether a refresh has reconciled every shard
+	// joined is when a member last joined the rankings; unsettled holds
+	// the shards we want but wait to campaign for until the members are
+	// settled, that is, none joined for Settle; settling is the timer
+	// that reconciles them then.
+	joined    time.Time
+	unsettled map[string]bool
+	settling  *time.Timer
 	idle        chan struct{}   // closed while we have no worker; see Drain
 	hostsSynced bool
 	candsListed bool
@@ -163,7 +178,9 @@ func newShardSet(cli *clientv3.Client, opts ShardOptions, pool *ElectionPool, w 
 	s := &ShardSet{cli: cli, opts: opts, log: logger(opts.Logger), pool: pool, w: w,
 		hostsEnded: make(chan struct{}), ready: make(chan struct{}), reannounce: make(chan struct{}, 1),
 		done: make(chan struct{}), idle: closedChan, hosts: map[string]bool{}, members: map[string]ShardMember{},
-		cands: map[string]map[string]candidate{}, workers: map[string]*shardWorker{}, waitMove: map[string]bool{}}
+		cands: map[string]map[string]candidate{}, workers: map[string]*shardWorker{}, waitMove: map[string]bool{},
+		order: map[string][]ShardMember{}, ranked: map[string]bool{}, ordered: map[string]ShardMember{},
+		unsettled: map[string]bool{}}
 	for _, name := range opts.Shards {
 		s.cands[name] = map[string]candidate{}
 	}
@@ -222,6 +239,9 @@ func shardDefaults(o ShardOptions) (ShardOptions, error) {
 		o.Self, o.HostPrefix = h.id, prefix
 	}
 	o.Weight = cmp.Or(o.Weight, 1)
+	if o.Settle < 0 {
+		return o, fmt.Errorf("%w: Settle %v (want >= 0)", ErrInvalidShards, o.Settle)
+	}
 	o.MaxMoves = cmp.Or(o.MaxMoves, DefaultShardMaxMoves)
 	if checkHostUUID(o.Self) != nil {
 		return o, fmt.Errorf("%w: Self %q (want a HostUUID: non-empty UTF-8, without \"/\")", ErrInvalidShards, o.Self)
@@ -245,6 +265,7 @@ func shardDefaults(o ShardOptions) (ShardOptions, error) {
 	}
 	ttl, err := ttlOrDefault(o.TTL, DefaultShardTTL)
 	o.TTL = ttl
+	o.Settle = cmp.Or(o.Settle, ttl/10)
 	return o, err
 }
 
@@ -305,7 +326,7 @@ func (s *ShardSet) wantLocked(shard string) bool {
 	if w := s.workers[shard]; w != nil && w.stopRun != nil {
 		return true
 	}
-	return !s.draining && s.rankedLocked(shard)
+	return s.ranked[shard]
 }
 
 // outranked reports whether one of cands, in line behind our leadership
@@ -358,6 +379,7 @@ func (s *ShardSet) reconcileLocked(shard string) {
 	want := s.wantLocked(shard)
 	w := s.workers[shard]
 	switch {
+	case w == nil && want && s.waitSettleLocked(shard):
 	case w == nil && want:
 		move := s.takeoverLocked(shard)
 		if move && s.moves >= s.opts.MaxMoves {
@@ -372,6 +394,7 @@ func (s *ShardSet) reconcileLocked(shard string) {
 		s.startLocked(w)
 	case w == nil:
 		delete(s.waitMove, shard)
+		delete(s.unsettled, shard)
 	case !want:
 		if w.endTerm != nil {
 			w.endTerm(s.whyNotLocked())
@@ -379,6 +402,30 @@ func (s *ShardSet) reconcileLocked(shard string) {
 	case w.stopRun != nil && s.outranked(shard, w.owned.Token, s.cands[shard]):
 		w.stopRun(errBetterHost)
 	}
+}
+
+// waitSettleLocked reports whether shard, which we want, must wait for the
+// members to settle before we campaign for it: a member joined less than
+// Settle ago (a fleet starting, a rolling restart), and more may follow,
+// each moving shards again. The timer reconciles it once they settle.
+func (s *ShardSet) waitSettleLocked(shard string) bool {
+	wait := s.opts.Settle - time.Since(s.joined)
+	if wait <= 0 {
+		delete(s.unsettled, shard)
+		return false
+	}
+	s.unsettled[shard] = true
+	if s.settling == nil {
+		s.settling = time.AfterFunc(wait, func() {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			s.settling = nil
+			for shard := range s.unsettled {
+				s.reconcileLocked(shard)
+			}
+		})
+	}
+	return true
 }
 
 // whyNotLocked says why we no longer want a shard.
@@ -428,23 +475,58 @@ func (s *ShardSet) endMoveLocked(w *shardWorker) {
 	}
 }
 
-// reconcileAllLocked reconciles every shard, once the hosts, the members
-// and the candidates are all known.
+// reconcileAllLocked ranks and reconciles every shard, once the hosts,
+// the members and the candidates are all known.
 func (s *ShardSet) reconcileAllLocked() {
-	if s.hostsSynced && s.candsListed {
-		s.readyOnce.Do(func() { close(s.ready) })
+	if !s.hostsSynced || !s.candsListed {
+		return
+	}
+	s.readyOnce.Do(func() { close(s.ready) })
+	s.reorderLocked()
+	for shard := range s.cands {
+		s.ranked[shard] = s.rankedLocked(shard)
+		s.reconcileLocked(shard)
+	}
+	s.refreshed = true
+	_, s.selfLive = s.memberLocked(s.opts.Self)
+}
+
+// refreshLocked brings the rankings in line with the live members, and
+// reconciles the shards whose decision may have changed: every shard when
+// we joined or left ourselves; else those we are now among the
+// candidates of, or no longer; those we work on (a member ahead of us in
+// line may rank differently); and those waiting for a move slot. So a
+// member's event costs work in proportion to the shards it moves, not to
+// every shard.
+func (s *ShardSet) refreshLocked() {
+	_, live := s.memberLocked(s.opts.Self)
+	if !s.refreshed || live != s.selfLive {
+		s.reconcileAllLocked()
+		return
+	}
+	if !s.reorderLocked() {
+		return
 	}
 	for shard := range s.cands {
+		if r := s.rankedLocked(shard); r != s.ranked[shard] {
+			s.ranked[shard] = r
+			s.reconcileLocked(shard)
+		}
+	}
+	for shard := range s.workers {
+		s.reconcileLocked(shard)
+	}
+	for shard := range s.waitMove {
 		s.reconcileLocked(shard)
 	}
 }
 
-// update applies f to the state, then reconciles every shard.
+// update applies f to the state, then refreshes the shards.
 func (s *ShardSet) update(f func()) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	f()
-	s.reconcileAllLocked()
+	s.refreshLocked()
 }
 
 // hostBatch bounds the host events applied before the shards are
@@ -518,6 +600,8 @@ func (s *ShardSet) followCandidates() {
 				// watching: it is put again, whether or not it did.
 				s.askReannounceLocked()
 				s.candsListed = true
+				// Every shard's candidates may have changed.
+				s.refreshed = false
 			})
 			err = s.watchCandidates(resp.Header.Revision+1, &r)
 		}
@@ -550,7 +634,7 @@ func (s *ShardSet) watchCandidates(rev int64, r *retry) error {
 			}
 		}
 		if all {
-			s.reconcileAllLocked()
+			s.refreshLocked()
 		}
 		s.mu.Unlock()
 	}
@@ -846,6 +930,9 @@ func (s *ShardSet) stop(cause error) {
 	// Under mu: no Run starts once it is cancelled (see acquire).
 	s.mu.Lock()
 	s.cancel(cause)
+	if s.settling != nil {
+		s.settling.Stop()
+	}
 	s.mu.Unlock()
 	s.w.Close()
 	s.runs.Wait()

@@ -8,6 +8,7 @@ import (
 	"math"
 	"slices"
 	"strings"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -70,26 +71,30 @@ func memberBefore(shard string, a, b ShardMember) bool {
 	return ranksBefore(shard, a.HostUUID, b.HostUUID)
 }
 
-// pick returns the candidates of shard among members (none draining), best
-// first: the best-ranked member of each zone, in rank order, until there
-// are n; then the best-ranked others. So a shard's n candidates are in n
-// zones while there are that many.
-func pick(shard string, members []ShardMember, n int) []ShardMember {
-	ranked := slices.Clone(members)
-	slices.SortFunc(ranked, func(a, b ShardMember) int {
-		if memberBefore(shard, a, b) {
-			return -1
-		}
-		return 1
-	})
+// byRank orders members for shard, best first.
+func byRank(shard string, a, b ShardMember) int {
+	switch {
+	case a.HostUUID == b.HostUUID:
+		return 0
+	case memberBefore(shard, a, b):
+		return -1
+	}
+	return 1
+}
+
+// pickRanked returns the candidates among ranked, best first: the
+// best-ranked member of each zone, in rank order, until there are n; then
+// the best-ranked others. So a shard's n candidates are in n zones while
+// there are that many.
+func pickRanked(ranked []ShardMember, n int) []ShardMember {
 	out := make([]ShardMember, 0, n)
 	zones := map[string]bool{}
-	rest := ranked[:0:0]
+	var rest []ShardMember
 	for _, m := range ranked {
 		if len(out) < n && !zones[m.Zone] {
 			zones[m.Zone] = true
 			out = append(out, m)
-		} else {
+		} else if len(rest) < n {
 			rest = append(rest, m)
 		}
 	}
@@ -108,15 +113,50 @@ func (s *ShardSet) selfLocked() ShardMember {
 	return ShardMember{HostUUID: s.opts.Self, Weight: s.opts.Weight, Zone: s.opts.Zone, Draining: s.draining}
 }
 
-// rankedLocked reports whether we are among shard's candidates.
+// rankedLocked reports whether we are among shard's candidates, as its
+// ranking says.
 func (s *ShardSet) rankedLocked(shard string) bool {
-	var live []ShardMember
+	return slices.ContainsFunc(pickRanked(s.order[shard], s.opts.Replicas), func(m ShardMember) bool { return m.HostUUID == s.opts.Self })
+}
+
+// reorderLocked brings every shard's ranking in line with the live
+// members that take part (not draining; for us, what we are now), and
+// reports whether any changed. A member that changed is taken out of each
+// ranking and put back in its place: a binary search per shard.
+func (s *ShardSet) reorderLocked() bool {
+	now := map[string]ShardMember{}
 	for h, m := range s.members {
+		if h == s.opts.Self {
+			m = s.selfLocked()
+		}
 		if s.hosts[h] && !m.Draining {
-			live = append(live, m)
+			now[h] = m
 		}
 	}
-	return slices.ContainsFunc(pick(shard, live, s.opts.Replicas), func(m ShardMember) bool { return m.HostUUID == s.opts.Self })
+	changed := false
+	for h, old := range s.ordered {
+		if m, ok := now[h]; !ok || m != old {
+			for shard, o := range s.order {
+				s.order[shard] = slices.DeleteFunc(o, func(m ShardMember) bool { return m.HostUUID == h })
+			}
+			delete(s.ordered, h)
+			changed = true
+		}
+	}
+	for h, m := range now {
+		if _, ok := s.ordered[h]; ok {
+			continue
+		}
+		for shard := range s.cands {
+			o := s.order[shard]
+			i, _ := slices.BinarySearchFunc(o, m, func(a, b ShardMember) int { return byRank(shard, a, b) })
+			s.order[shard] = slices.Insert(o, i, m)
+		}
+		s.ordered[h] = m
+		s.joined = time.Now()
+		changed = true
+	}
+	return changed
 }
 
 // Members returns the live members of the shard set as we see them (us

@@ -278,7 +278,7 @@ func testShardWeights(t *testing.T) {
 		sets[h.id] = h.set
 		members = append(members, ShardMember{HostUUID: h.id, Weight: weights[i]})
 	}
-	owners := smOwners(t, l, shards, sets, func(sh string) string { return pick(sh, members, 1)[0].HostUUID })
+	owners := smOwners(t, l, shards, sets, func(sh string) string { return smPick(sh, members, 1)[0].HostUUID })
 	light := 0
 	for _, id := range owners {
 		if id == hosts[0].id {
@@ -466,4 +466,12 @@ func testShardCompleteViews(t *testing.T) {
 			t.Fatalf("round %d: Run called %d times, want once for each of the %d shards x ranks for", round, len(ran), len(ours))
 		}
 	}
+}
+
+// smPick returns the candidates of shard among members, as a ShardSet
+// picks them.
+func smPick(shard string, members []ShardMember, n int) []ShardMember {
+	ranked := slices.Clone(members)
+	slices.SortFunc(ranked, func(a, b ShardMember) int { return byRank(shard, a, b) })
+	return pickRanked(ranked, n)
 }

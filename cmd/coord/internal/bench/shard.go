@@ -234,8 +234,8 @@ func (r benchShardReport) leasesRow() benchRow {
 			return fmt.Sprintf("%s, %s keys", benchShardLeases(p), benchCount(int(p.keys)))
 		}),
 		ratio: r.ratio("leases", func(x benchShardResult) float64 { return float64(x.leases) }),
-		limit: fmt.Sprintf("coord: %s leases, 2 per host (its registration's, one pool session per %s keys), and %s keys, N + Replicas × K; naive: N × K = %s leases and keys",
-			benchCount(2*c.hosts), benchCount(coord.DefaultKeysPerSession), benchCount(c.hosts+coord.DefaultShardReplicas*c.shards), benchCount(c.hosts*c.shards)),
+		limit: fmt.Sprintf("coord: %s leases, 3 per host (its registration's, its member key's, one pool session per %s keys), and %s keys, 2N + Replicas × K (a registration and a member key per host); naive: N × K = %s leases and keys",
+			benchCount(3*c.hosts), benchCount(coord.DefaultKeysPerSession), benchCount(2*c.hosts+coord.DefaultShardReplicas*c.shards), benchCount(c.hosts*c.shards)),
 	}
 }
 

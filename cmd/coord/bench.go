@@ -45,7 +45,7 @@ directory, and for the fleet (scenario 9) a 3-member one per side in a
 child process. With --endpoints it runs against that cluster instead,
 writing under /coord-bench/ and deleting what it wrote at the end; it
 creates about 250 clients and, in the full run, 100,000 keys. The full
-run takes about six minutes, --quick under one.`
+run takes about seven minutes, --quick under one.`
 
 func benchParseFlags(args []string, stdout io.Writer) (bench.Config, error) {
 	c := newCmdFlags("bench", "", benchAbout, true)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
 	"io"
 	"strconv"
 	"strings"
@@ -32,23 +33,25 @@ const benchAbout = `Measure coord side by side with the plain etcd client code a
 write, in the same run on the same etcd, and print a Markdown table:
 failure detection (crash and Stop → Down), failover (resign and leader
 crash), watcher scale and churn, etcd load (lease renewals), campaign
-throughput, a fleet of agents leading many keys, and a ShardSet fleet
+throughput, a fleet of agents leading many keys, a ShardSet fleet
 (scenario 10: shards spread over 32 hosts from a cold start, through a
 join and a crash, next to every host campaigning for every shard on a
-lease per shard, at a size where that fits). Progress goes to stderr.
+lease per shard, at a size where that fits), and a semaphore (scenario
+11: Acquire → Release throughput under contention, and the handover to
+the next waiter). Progress goes to stderr.
 
 By default it starts an embedded single-member etcd in a temporary
 directory, and for the fleet (scenario 9) a 3-member one per side in a
 child process. With --endpoints it runs against that cluster instead,
 writing under /coord-bench/ and deleting what it wrote at the end; it
 creates about 250 clients and, in the full run, 100,000 keys. The full
-run takes about six minutes, --quick under one.`
+run takes about seven minutes, --quick under one.`
 
 func benchParseFlags(args []string, stdout io.Writer) (bench.Config, error) {
 	c := newCmdFlags("bench", "", benchAbout, true)
 	full, quickCfg := bench.Full(), bench.Quick()
 	quick := c.Bool("quick", false, "a short smoke run: small sizes and few samples, every row")
-	only := c.String("only", "", "comma-separated `numbers` of the scenarios to run, 1-10 (default all)")
+	only := c.String("only", "", fmt.Sprintf("comma-separated `numbers` of the scenarios to run, 1-%d (default all)", bench.Scenarios))
 	shardTTL := c.Duration("shard-ttl", full.ShardTTL, "TTL of scenario 10's registrations and shard sessions, whole seconds (--quick: "+quickCfg.ShardTTL.String()+")")
 	shardStagger := c.Duration("shard-stagger", full.ShardStagger, "pause between two hosts' starts in scenario 10's cold start; 0: all at once")
 	if _, err := c.parse(args, stdout, 0); err != nil {

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -62,7 +63,7 @@ func TestBenchFlags(t *testing.T) {
 			t.Errorf("--quick: TTL %v, stagger %v", cfg.ShardTTL, cfg.ShardStagger)
 		}
 	})
-	for _, args := range [][]string{{"--only", "11"}, {"--only", "x"}, {"extra"}, {"--bogus"}, {"--shard-ttl", "1500ms"}, {"--shard-ttl", "0s"}, {"--shard-stagger", "-1s"}} {
+	for _, args := range [][]string{{"--only", strconv.Itoa(bench.Scenarios + 1)}, {"--only", "0"}, {"--only", "x"}, {"extra"}, {"--bogus"}, {"--shard-ttl", "1500ms"}, {"--shard-ttl", "0s"}, {"--shard-stagger", "-1s"}} {
 		t.Run("refuses "+strings.Join(args, " "), func(t *testing.T) {
 			_, err := benchParseFlags(args, &bytes.Buffer{})
 			var uerr *usageError

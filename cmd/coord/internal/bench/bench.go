@@ -1,7 +1,7 @@
 // Package bench measures coord side by side with the plain etcd client code
 // a user would write, in the same run on the same etcd: failure detection,
 // failover, watcher scale and churn, etcd load, campaign throughput, a
-// fleet of agents and a ShardSet fleet. Run prints the results as a
+// fleet of agents, a ShardSet fleet and a semaphore. Run prints the results as a
 // Markdown table.
 //
 // A binary that imports this package runs, instead of its main, the
@@ -85,6 +85,13 @@ type Config struct {
 	shardCount      int // 10: shards
 	shardNaiveHosts int // 10b: the size at which the naive plan runs, next to coord; equal to
 	shardNaiveCount int // the above, one coord run serves both
+
+	semContenders int           // 11: contenders looping Acquire → Release, per side
+	semLimit      int           // 11 and 11b: the semaphore's Limit
+	semFor        time.Duration // 11: measured time per side
+	semChunk      time.Duration // 11: the sides take turns every chunk
+	semRounds     int           // 11b: releases per side
+	semSettle     time.Duration // 11b: pause between the waiter's queueing and the release
 }
 
 // Scenarios is the number of scenarios, the largest number Only takes.
@@ -112,6 +119,8 @@ func Full() Config {
 		fleetLivenessTTL: 10 * time.Second, fleetPoolTTL: 30 * time.Second, fleetWindow: 20 * time.Second,
 		shardHosts: 32, shardCount: 4096, ShardTTL: 10 * time.Second, ShardStagger: 100 * time.Millisecond,
 		shardNaiveHosts: 8, shardNaiveCount: 256,
+		semContenders: 16, semLimit: 4, semFor: 6 * time.Second, semChunk: 500 * time.Millisecond,
+		semRounds: 200, semSettle: 100 * time.Millisecond,
 	}
 }
 
@@ -132,6 +141,7 @@ func Quick() Config {
 	c.fleetLivenessTTL, c.fleetPoolTTL, c.fleetWindow = 3*time.Second, 3*time.Second, 3*time.Second
 	c.shardHosts, c.shardCount, c.ShardTTL, c.ShardStagger = 8, 128, 2*time.Second, 50*time.Millisecond
 	c.shardNaiveCount = 128
+	c.semFor, c.semRounds = time.Second, 15
 	return c
 }
 
@@ -152,6 +162,7 @@ var scenarios = [...]scenario{
 	{"campaign throughput", benchCampaign},
 	{"fleet", benchFleet},
 	{"ShardSet", benchShards},
+	{"semaphore", benchSemaphore},
 }
 
 // Run runs the scenarios of cfg and prints the table on w. A scenario that

@@ -67,30 +67,30 @@ type ShardSet struct {
 	endOnce    sync.Once
 	done       chan struct{} // closed once the set has ended and every Run returned
 
-	mu          sync.Mutex
-	hosts       map[string]bool                 // live hosts, Self included
-	members     map[string]ShardMember          // announced members, by HostUUID
-	cands       map[string]map[string]candidate // by shard, by candidate key
-	workers     map[string]*shardWorker         // by shard: the one that campaigns or runs it
-	draining    bool
-	moves       int             // our campaigns to take a shard over from another live member
-	waitMove    map[string]bool // shards we want, waiting for a move slot
+	mu       sync.Mutex
+	hosts    map[string]bool                 // live hosts, Self included
+	members  map[string]ShardMember          // announced members, by HostUUID
+	cands    map[string]map[string]candidate // by shard, by candidate key
+	workers  map[string]*shardWorker         // by shard: the one that campaigns or runs it
+	draining bool
+	moves    int             // our campaigns to take a shard over from another live member
+	waitMove map[string]bool // shards we want, waiting for a move slot
 	// The shards' rankings, kept as the live members change (see
 	// refreshLocked): by shard, the members that take part, best first;
 	// whether we are among its candidates; the members they hold.
-	order       map[string][]ShardMember
-	ranked      map[string]bool
-	ordered     map[string]ShardMember
-	selfLive    bool // whether we were a live member at the last refresh
-	refreshed   bool // whether a refresh has reconciled every shard
+	order     map[string][]ShardMember
+	ranked    map[string]bool
+	ordered   map[string]ShardMember
+	selfLive  bool // whether we were a live member at the last refresh
+	refreshed bool // whether a refresh has reconciled every shard
 	// joined is when a member last joined the rankings; unsettled holds
 	// the shards we want but wait to campaign for until the members are
 	// settled, that is, none joined for Settle; settling is the timer
 	// that reconciles them then.
-	joined    time.Time
-	unsettled map[string]bool
-	settling  *time.Timer
-	idle        chan struct{}   // closed while we have no worker; see Drain
+	joined      time.Time
+	unsettled   map[string]bool
+	settling    *time.Timer
+	idle        chan struct{} // closed while we have no worker; see Drain
 	hostsSynced bool
 	candsListed bool
 }

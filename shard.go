@@ -78,6 +78,7 @@ type ShardSet struct {
 	idle        chan struct{}   // closed while we have no worker; see Drain
 	hostsSynced bool
 	candsListed bool
+	candsLost   time.Time // when the candidate watch broke, zero while it runs
 }
 
 // candidate is a candidacy in a shard's election.
@@ -141,7 +142,7 @@ func NewShardSet(ctx context.Context, cli *clientv3.Client, opts ShardOptions) (
 		return nil, err
 	}
 	w, err := NewHostWatcher(context.Background(), cli, WatcherOptions{Prefix: opts.HostPrefix,
-		Logger: opts.Logger, OnSignal: opts.OnSignal})
+		UnhealthyAfter: opts.TTL, Logger: opts.Logger, OnSignal: opts.OnSignal})
 	if err != nil {
 		pool.Close()
 		return nil, err
@@ -517,13 +518,14 @@ func (s *ShardSet) followCandidates() {
 				// Our member key may have gone while we were not
 				// watching: it is put again, whether or not it did.
 				s.askReannounceLocked()
-				s.candsListed = true
+				s.candsListed, s.candsLost = true, time.Time{}
 			})
 			err = s.watchCandidates(resp.Header.Revision+1, &r)
 		}
 		if s.ctx.Err() != nil {
 			return
 		}
+		s.candidatesLost()
 		s.log.Info("coord: shard set: candidate watch broke, listing again", "err", err)
 		sleep(s.ctx, r.next())
 	}

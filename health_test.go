@@ -393,7 +393,9 @@ func TestHealthSemaphore(t *testing.T) {
 	t.Run("a waiter cut off goes unhealthy and heals; a holder until its permit is lost", func(t *testing.T) {
 		srv, cli := newEtcd(t)
 		px := srv.NewProxy(t)
-		ttl := 2 * time.Second * scale
+		// The holder is unhealthy for a sixth of the TTL before its
+		// permit ends.
+		ttl := 3 * time.Second * scale
 		a := smSemaphore(t, cli, SemaphoreOptions{Limit: 1, TTL: ttl})
 		b := smSemaphore(t, px.NewClient(t), SemaphoreOptions{Limit: 1, TTL: ttl})
 		htStayHealthy(t, b) // idle

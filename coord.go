@@ -70,8 +70,9 @@
 //     replaced by the differences that bring the consumer up to date.
 //   - A connection that goes silent without closing (a half-open TCP link)
 //     is only noticed by the etcd client if it sets DialKeepAliveTime and
-//     DialKeepAliveTimeout; until then watches wait. Registrations and
-//     elections notice on their own (renewals go unanswered).
+//     DialKeepAliveTimeout; until then watches wait (and a HostWatcher's
+//     Healthy finds nothing wrong). Registrations and elections notice on
+//     their own (renewals go unanswered, and Healthy says so).
 //   - A watcher sees states, not every write: a value that is not valid
 //     HostMetadata JSON counts as no host (it is logged and skipped).
 //   - Leadership is a lease, not a lock on the world: act on etcd under

@@ -43,6 +43,9 @@ type Election struct {
 	// campaigned is closed when the campaign under way, if any, has
 	// returned: what it left in etcd is then being settled (c.settling).
 	campaigned <-chan struct{}
+	// granting is when the election started to go without a live
+	// session, zero while it has one.
+	granting time.Time
 }
 
 // NewElection joins the election on opts.Key with a new session. ctx bounds
@@ -101,6 +104,7 @@ func (e *Election) session(ctx context.Context) (*session, error) {
 	if s != nil && s.ctx.Err() == nil {
 		return s, nil
 	}
+	e.granted(nil)
 	var err error
 	if e.pool != nil {
 		s, err = e.pool.share(ctx, e)
@@ -110,9 +114,7 @@ func (e *Election) session(ctx context.Context) (*session, error) {
 	if err != nil {
 		return nil, err
 	}
-	e.mu.Lock()
-	e.sess = s
-	e.mu.Unlock()
+	e.granted(s)
 	return s, nil
 }
 

@@ -24,7 +24,7 @@ var (
 	// election key that is not a clean etcd prefix.
 	ErrInvalidKey = errors.New("coord: invalid key")
 	// ErrInvalidTTL is returned for a TTL that is negative or not a whole
-	// number of seconds.
+	// number of seconds, and for a negative WatcherOptions.UnhealthyAfter.
 	ErrInvalidTTL = errors.New("coord: invalid TTL")
 	// ErrInvalidBuffer is returned for a negative WatcherOptions.Buffer,
 	// MaxBacklog or PageSize.

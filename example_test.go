@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"time"
 
@@ -448,4 +451,46 @@ func ExampleSemaphore() {
 	// released: true guarded write after: false
 	// node-3 holds, tokens increase: true
 	// limit mismatch: true
+}
+
+func ExampleHealthHandler() {
+	cli, stop := exampleEtcd()
+	defer stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	h, err := coord.RegisterHostLiveness(ctx, cli, coord.HostMetadata{HostUUID: "3f1c"}, coord.LivenessOptions{TTL: time.Second})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer h.Stop(context.Background())
+	w, err := coord.NewHostWatcher(ctx, cli, coord.WatcherOptions{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer w.Close()
+	exampleEvent(w) // listed: the watcher follows etcd
+
+	// An agent mounts it with http.Handle("/readyz", ...).
+	srv := httptest.NewServer(coord.HealthHandler(map[string]coord.Checker{"liveness": h, "hosts": w}))
+	defer srv.Close()
+	get := func(path string) {
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		fmt.Printf("%d %s", resp.StatusCode, body)
+	}
+	get("/readyz?verbose")
+	if err := h.Stop(ctx); err != nil {
+		log.Fatal(err)
+	}
+	get("/readyz")
+
+	// Output:
+	// 200 [+]hosts ok
+	// [+]liveness ok
+	// healthz check passed
+	// 503 liveness: coord: host "3f1c": stopped
 }

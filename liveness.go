@@ -43,8 +43,11 @@ type HostLiveness struct {
 	written chan struct{} // closed and replaced when wrote changes
 	lease   clientv3.LeaseID
 	ttl     time.Duration
-	cause   error // why the registration ended by itself
-	err     error // cause as Err reports it
+	cause   error     // why the registration ended by itself
+	err     error     // cause as Err reports it
+	keep    *keeper   // the keeper of the lease held, for Healthy
+	lost    time.Time // when the registration was found lost, zero unless healing
+	lostWhy error     // why it was lost
 
 	stopOnce sync.Once
 	stopErr  error
@@ -277,6 +280,7 @@ func (h *HostLiveness) run(ctx context.Context, reg registration) {
 	var err error
 	for {
 		err = h.hold(ctx, reg)
+		h.holding(nil, err)
 		if errors.Is(err, ErrHostExists) || fatal(ctx, h.cli, err) != nil {
 			break
 		}
@@ -297,6 +301,7 @@ func (h *HostLiveness) run(ctx context.Context, reg registration) {
 func (h *HostLiveness) hold(ctx context.Context, reg registration) error {
 	k := startKeeper(h.cli, reg.lease, reg.ttl, reg.sent, h.log)
 	defer k.stop()
+	h.holding(k, nil)
 	// Cancelled on return: ends every watch opened below. When etcd says
 	// the lease is gone, the watch ends too and the key is read again: the
 	// watch may have missed the delete (a connection that lost data).

@@ -54,6 +54,8 @@ const (
 	// lessor checks for expired leases every 500ms; the rest covers a
 	// revoke's trip through raft.
 	expirySlack = time.Second
+	// checkTimeout bounds each check of a HealthHandler.
+	checkTimeout = time.Second
 )
 
 // LivenessOptions configures RegisterHostLiveness. The zero value registers
@@ -108,6 +110,12 @@ type WatcherOptions struct {
 	// keys left to the end of the prefix. 0 means DefaultWatcherPageSize;
 	// negative is an error.
 	PageSize int
+	// UnhealthyAfter is how long the watcher may go without following
+	// etcd (before its first listing, or listing again after its watch
+	// broke) before Healthy reports it: a view older than a host's TTL
+	// may miss its death. 0 means DefaultLivenessTTL; negative is an
+	// error.
+	UnhealthyAfter time.Duration
 	// Logger receives the watcher's records; nil discards them.
 	Logger *slog.Logger
 	// OnSignal, if set, receives state changes and counts for metrics.

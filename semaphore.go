@@ -1,6 +1,7 @@
 package coord
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -45,6 +46,8 @@ type Semaphore struct {
 	sess     *session
 	starting chan struct{} // closed when the session being started is ready
 	closed   bool
+	granting time.Time // when it started to go without a live session, zero while it has one
+	busy     int       // Acquires under way and permits held
 }
 
 // Holder is a permit held, as etcd holds it.
@@ -123,6 +126,7 @@ func (s *Semaphore) session(ctx context.Context) (*session, error) {
 		live := cur != nil && cur.ctx.Err() == nil
 		if !live && starting == nil {
 			s.starting = make(chan struct{})
+			s.granting = cmp.Or(s.granting, time.Now())
 		}
 		s.mu.Unlock()
 		switch {
@@ -146,7 +150,7 @@ func (s *Semaphore) start(ctx context.Context) (*session, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.sess = ss
+	s.sess, s.granting = ss, time.Time{}
 	return ss, nil
 }
 
@@ -193,6 +197,7 @@ func (s *Semaphore) acquire(ctx context.Context, wait bool) (*Permit, error) {
 		return nil, s.callErr(ctx, "acquire", ErrClosed)
 	}
 	defer s.calls.Done()
+	defer s.using()()
 	if s.cli.Ctx().Err() != nil {
 		// Calls on a closed client would retry for seconds before failing.
 		return nil, s.callErr(ctx, "acquire", ErrClientClosed)
@@ -209,6 +214,7 @@ func (s *Semaphore) acquire(ctx context.Context, wait bool) (*Permit, error) {
 	case l == nil:
 		return nil, opErr(fmt.Sprintf("acquire %q", s.key), ErrNoPermit)
 	}
+	context.AfterFunc(l.ctx, s.using())
 	return &Permit{s: s, c: c, l: l}, nil
 }
 

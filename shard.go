@@ -93,6 +93,7 @@ type ShardSet struct {
 	idle        chan struct{} // closed while we have no worker; see Drain
 	hostsSynced bool
 	candsListed bool
+	candsLost   time.Time // when the candidate watch broke, zero while it runs
 }
 
 // candidate is a candidacy in a shard's election.
@@ -156,7 +157,7 @@ func NewShardSet(ctx context.Context, cli *clientv3.Client, opts ShardOptions) (
 		return nil, err
 	}
 	w, err := NewHostWatcher(context.Background(), cli, WatcherOptions{Prefix: opts.HostPrefix,
-		Logger: opts.Logger, OnSignal: opts.OnSignal})
+		UnhealthyAfter: opts.TTL, Logger: opts.Logger, OnSignal: opts.OnSignal})
 	if err != nil {
 		pool.Close()
 		return nil, err
@@ -599,7 +600,7 @@ func (s *ShardSet) followCandidates() {
 				// Our member key may have gone while we were not
 				// watching: it is put again, whether or not it did.
 				s.askReannounceLocked()
-				s.candsListed = true
+				s.candsListed, s.candsLost = true, time.Time{}
 				// Every shard's candidates may have changed.
 				s.refreshed = false
 			})
@@ -608,6 +609,7 @@ func (s *ShardSet) followCandidates() {
 		if s.ctx.Err() != nil {
 			return
 		}
+		s.candidatesLost()
 		s.log.Info("coord: shard set: candidate watch broke, listing again", "err", err)
 		sleep(s.ctx, r.next())
 	}

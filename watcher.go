@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -88,6 +89,11 @@ type HostWatcher struct {
 	// changes it, under mu; that goroutine reads it without.
 	hosts map[string]*version
 	err   error
+	// For Healthy: whether the watcher follows etcd, whether it ever
+	// listed, and since when it has not followed.
+	following, listed bool
+	blind             time.Time
+	unhealthyAfter    time.Duration
 }
 
 // version is one version of a host's key, decoded once. It never changes:
@@ -113,6 +119,9 @@ func NewHostWatcher(ctx context.Context, cli *clientv3.Client, opts WatcherOptio
 	if opts.Buffer < 0 || opts.MaxBacklog < 0 || opts.PageSize < 0 {
 		return nil, fmt.Errorf("%w: Buffer %d, MaxBacklog %d, PageSize %d", ErrInvalidBuffer, opts.Buffer, opts.MaxBacklog, opts.PageSize)
 	}
+	if opts.UnhealthyAfter < 0 {
+		return nil, fmt.Errorf("%w: UnhealthyAfter %v", ErrInvalidTTL, opts.UnhealthyAfter)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	w := &HostWatcher{
 		cli:        cli,
@@ -127,6 +136,9 @@ func NewHostWatcher(ctx context.Context, cli *clientv3.Client, opts WatcherOptio
 		cancel:     cancel,
 		done:       make(chan struct{}),
 		hosts:      map[string]*version{},
+		blind:      time.Now(),
+
+		unhealthyAfter: cmp.Or(opts.UnhealthyAfter, DefaultLivenessTTL),
 	}
 	go w.run(ctx)
 	return w, nil
@@ -193,6 +205,7 @@ func (w *HostWatcher) run(ctx context.Context) {
 	var r retry
 	for {
 		rev, ok := w.relist(ctx, cctx, o, &r)
+		w.follows(ok)
 		if !ok || !w.follow(ctx, cctx, o, rev, &r) {
 			return
 		}
@@ -262,6 +275,7 @@ func (w *HostWatcher) follow(ctx, cctx context.Context, o *outbox, rev int64, r 
 				if w.endIfFatal(ctx, wr.Err()) {
 					return false
 				}
+				w.follows(false)
 				w.log.Info("coord: host watch broke, resyncing", "err", wr.Err())
 				// A watch that breaks again and again without news (a
 				// list that works, a watch that fails at once) is retried

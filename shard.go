@@ -87,13 +87,14 @@ type ShardSet struct {
 	// the shards we want but wait to campaign for until the members are
 	// settled, that is, none joined for Settle; settling is the timer
 	// that reconciles them then.
-	joined      time.Time
-	unsettled   map[string]bool
-	settling    *time.Timer
-	idle        chan struct{} // closed while we have no worker; see Drain
-	hostsSynced bool
-	candsListed bool
-	candsLost   time.Time // when the candidate watch broke, zero while it runs
+	joined       time.Time
+	unsettled    map[string]bool
+	standbySince map[string]time.Time // when we first waited for a shard's first candidate
+	settling     *time.Timer
+	idle         chan struct{} // closed while we have no worker; see Drain
+	hostsSynced  bool
+	candsListed  bool
+	candsLost    time.Time // when the candidate watch broke, zero while it runs
 }
 
 // candidate is a candidacy in a shard's election.
@@ -181,7 +182,7 @@ func newShardSet(cli *clientv3.Client, opts ShardOptions, pool *ElectionPool, w 
 		done: make(chan struct{}), idle: closedChan, hosts: map[string]bool{}, members: map[string]ShardMember{},
 		cands: map[string]map[string]candidate{}, workers: map[string]*shardWorker{}, waitMove: map[string]bool{},
 		order: map[string][]ShardMember{}, ranked: map[string]bool{}, ordered: map[string]ShardMember{},
-		unsettled: map[string]bool{}}
+		unsettled: map[string]bool{}, standbySince: map[string]time.Time{}}
 	for _, name := range opts.Shards {
 		s.cands[name] = map[string]candidate{}
 	}
@@ -396,6 +397,7 @@ func (s *ShardSet) reconcileLocked(shard string) {
 	case w == nil:
 		delete(s.waitMove, shard)
 		delete(s.unsettled, shard)
+		delete(s.standbySince, shard)
 	case !want:
 		if w.endTerm != nil {
 			w.endTerm(s.whyNotLocked())
@@ -405,14 +407,27 @@ func (s *ShardSet) reconcileLocked(shard string) {
 	}
 }
 
-// waitSettleLocked reports whether shard, which we want, must wait for the
-// members to settle before we campaign for it: a member joined less than
-// Settle ago (a fleet starting, a rolling restart), and more may follow,
-// each moving shards again. The timer reconciles it once they settle.
+// waitSettleLocked reports whether shard, which we want, must wait
+// before we campaign for it. Until the members have settled: a member
+// joined less than Settle ago (a fleet starting, a rolling restart), and
+// more may follow, each moving shards again. Then, for a shard nobody
+// campaigns for that we would be a standby of, until its first candidate
+// is in line, for another Settle at most: else our candidacy, put first,
+// would own it only to hand it over. The timer reconciles it then.
 func (s *ShardSet) waitSettleLocked(shard string) bool {
-	wait := s.opts.Settle - time.Since(s.joined)
+	now := time.Now()
+	wait := s.opts.Settle - now.Sub(s.joined)
+	if wait <= 0 && len(s.cands[shard]) == 0 && s.order[shard][0].HostUUID != s.opts.Self {
+		since, ok := s.standbySince[shard]
+		if !ok {
+			since = now
+			s.standbySince[shard] = now
+		}
+		wait = s.opts.Settle - now.Sub(since)
+	}
 	if wait <= 0 {
 		delete(s.unsettled, shard)
+		delete(s.standbySince, shard)
 		return false
 	}
 	s.unsettled[shard] = true

@@ -229,9 +229,9 @@ func (s *ShardSet) start(ctx context.Context) error {
 // shardDefaults checks what can be checked of opts without etcd, and
 // applies the defaults.
 func shardDefaults(o ShardOptions) (ShardOptions, error) {
-	if len(o.Shards) == 0 || o.Run == nil || o.Replicas < 0 || o.MaxMoves < 0 ||
+	if len(o.Shards) == 0 || o.Run == nil || o.Replicas < 0 || o.MaxMoves < 0 || o.Settle < 0 ||
 		o.Weight < 0 || math.IsNaN(o.Weight) || math.IsInf(o.Weight, 0) {
-		return o, fmt.Errorf("%w: want Shards, Run, Replicas >= 0, MaxMoves >= 0 and a finite Weight >= 0", ErrInvalidShards)
+		return o, fmt.Errorf("%w: want Shards, Run, Replicas >= 0, MaxMoves >= 0, Settle >= 0 and a finite Weight >= 0", ErrInvalidShards)
 	}
 	if h := o.Host; h != nil {
 		prefix := strings.TrimSuffix(h.key, h.id)
@@ -241,9 +241,6 @@ func shardDefaults(o ShardOptions) (ShardOptions, error) {
 		o.Self, o.HostPrefix = h.id, prefix
 	}
 	o.Weight = cmp.Or(o.Weight, 1)
-	if o.Settle < 0 {
-		return o, fmt.Errorf("%w: Settle %v (want >= 0)", ErrInvalidShards, o.Settle)
-	}
 	o.MaxMoves = cmp.Or(o.MaxMoves, DefaultShardMaxMoves)
 	if checkHostUUID(o.Self) != nil {
 		return o, fmt.Errorf("%w: Self %q (want a HostUUID: non-empty UTF-8, without \"/\")", ErrInvalidShards, o.Self)
@@ -510,8 +507,8 @@ func (s *ShardSet) reconcileAllLocked() {
 // refreshLocked brings the rankings in line with the live members, and
 // reconciles the shards whose decision may have changed: every shard when
 // we joined or left ourselves; else those we are now among the
-// candidates of, or no longer; those we work on (a member ahead of us in
-// line may rank differently); and those waiting for a move slot. So a
+// candidates of, or no longer; and those we work on (a member ahead of us
+// in line may rank differently). So a
 // member's event costs work in proportion to the shards it moves, not to
 // every shard.
 func (s *ShardSet) refreshLocked() {
@@ -530,9 +527,6 @@ func (s *ShardSet) refreshLocked() {
 		}
 	}
 	for shard := range s.workers {
-		s.reconcileLocked(shard)
-	}
-	for shard := range s.waitMove {
 		s.reconcileLocked(shard)
 	}
 }

@@ -71,12 +71,10 @@ func memberBefore(shard string, a, b ShardMember) bool {
 	return ranksBefore(shard, a.HostUUID, b.HostUUID)
 }
 
-// byRank orders members for shard, best first.
+// byRank orders members for shard, best first; no two are equal (they
+// are distinct hosts).
 func byRank(shard string, a, b ShardMember) int {
-	switch {
-	case a.HostUUID == b.HostUUID:
-		return 0
-	case memberBefore(shard, a, b):
+	if memberBefore(shard, a, b) {
 		return -1
 	}
 	return 1

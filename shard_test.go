@@ -1506,6 +1506,7 @@ func testShardBadInput(t *testing.T) {
 		{"NaN Weight", cli, with(func(o *ShardOptions) { o.Weight = math.NaN() }), ErrInvalidShards},
 		{"infinite Weight", cli, with(func(o *ShardOptions) { o.Weight = math.Inf(1) }), ErrInvalidShards},
 		{"negative MaxMoves", cli, with(func(o *ShardOptions) { o.MaxMoves = -1 }), ErrInvalidShards},
+		{"negative Settle", cli, with(func(o *ShardOptions) { o.Settle = -time.Second }), ErrInvalidShards},
 		{"Self other than Host's", cli, with(func(o *ShardOptions) { o.Host = host }), ErrInvalidShards},
 		{"HostPrefix other than Host's", cli, with(func(o *ShardOptions) { o.Self, o.Host, o.HostPrefix = "", host, "/other/" }), ErrInvalidShards},
 	}

@@ -33,7 +33,14 @@ func TestDemo(t *testing.T) {
 			"down node-2",
 			"up   node-5", "up   node-8", "node-8   starts its ShardSet",
 			"settled: every shard owned by its top-ranked host",
+			"leaves for a planned restart: Drain hands each to its standby",
+			"closes its ShardSet (Done closed, Err <nil>): nothing more to hand over",
 			"no shard ever ran on two hosts at once",
+			"node-9   acquires a permit (fencing token", "node-10  acquires a permit",
+			"node-11  asks for a permit; both are held: waits in line, first",
+			"node-12  asks for a permit; both are held: waits in line, second",
+			"node-9   permit ended", "node-11  acquires the freed permit",
+			"node-12  acquires the released permit", "node-11 and node-12 release theirs: 0 permits held",
 			"summary", "done in",
 		} {
 			if !strings.Contains(r.stdout, want) {
@@ -63,6 +70,16 @@ func TestDemo(t *testing.T) {
 		if shards.joinMoved > 0 {
 			bounds["node-8 joins -> a moved shard owned again, longest gap"] = [2]int{0, 1000 * slow}
 		}
+		bounds[shards.leaver+" Drain -> returns, owning nothing"] = [2]int{0, 3000 * slow}
+		if shards.drainMoved > 0 {
+			bounds[shards.leaver+" Drain -> a shard without an owner, longest"] = [2]int{0, 1000 * slow}
+		}
+		// A holder cut off ends its permit at once when its client goes;
+		// its slot is free once its session expires.
+		bounds["node-9 (holder) crash -> its permit ends (Done)"] = [2]int{0, 1000 * slow}
+		bounds["node-9 (holder) crash -> node-11 holds its permit"] = [2]int{1000, 10000 * slow}
+		bounds["node-10 Release -> node-12 holds its permit"] = [2]int{0, 1000 * slow}
+		checkDemoTokens(t, r.stdout)
 		for _, which := range []string{"first", "last"} {
 			bounds[shards.victim+" crash -> its shards owned again, "+which] = [2]int{1000, 10000 * slow}
 		}
@@ -92,14 +109,36 @@ func TestDemo(t *testing.T) {
 
 // demoShardClaims is what the ShardSet act of the demo claimed.
 type demoShardClaims struct {
-	joinMoved int    // shards that moved to node-8 when it joined
-	victim    string // the agent that crashed
+	joinMoved  int    // shards that moved to node-8 when it joined
+	leaver     string // the agent that drained and left
+	drainMoved int    // shards it handed over
+	victim     string // the agent that crashed
+}
+
+// checkDemoTokens checks that the fencing tokens printed rise: the
+// election's, then the semaphore's.
+func checkDemoTokens(t *testing.T, out string) {
+	t.Helper()
+	token := regexp.MustCompile(`fencing token (\d+)`)
+	var tokens []int
+	for _, m := range token.FindAllStringSubmatch(out, -1) {
+		tokens = append(tokens, atoi(m[1]))
+	}
+	if len(tokens) != 6 {
+		t.Errorf("%d fencing tokens printed, want 6 (2 leaders, 4 permits): %v", len(tokens), tokens)
+	}
+	for i := 1; i < len(tokens); i++ {
+		if tokens[i] <= tokens[i-1] {
+			t.Errorf("fencing tokens %v: not rising", tokens)
+		}
+	}
 }
 
 // checkDemoShards checks that the ShardSet act of the demo's output holds
 // together: each listing of the owners places every shard once; the join
 // moved only to node-8, as many shards as it says, each owned again
-// quickly; the crash moved exactly the shards the victim owned, each to
+// quickly; the drain moved exactly the shards the leaver owned, each to
+// another agent, quickly; the crash moved exactly the shards the victim owned, each to
 // another agent, once its leases expired.
 func checkDemoShards(t *testing.T, out string, slow int) demoShardClaims {
 	t.Helper()
@@ -109,6 +148,8 @@ func checkDemoShards(t *testing.T, out string, slow int) demoShardClaims {
 		owns     = regexp.MustCompile(stamp + `(node-\d)   owns\s+(\d+):((?: shard-\d\d)*)$`)
 		joinMove = regexp.MustCompile(stamp + `shards   (shard-\d\d): (node-\d) -> (node-\d), owned again (\d+) ms after (node-\d) let go$`)
 		joined   = regexp.MustCompile(stamp + `shards   join: (?:(\d+) of 12 shards moved, all to node-8; the other (\d+) stayed put|node-8 ranks first for none of the 12 shards: none moved)$`)
+		leaves   = regexp.MustCompile(stamp + `demo     --- (node-\d), owning (\d+) shards, leaves for a planned restart`)
+		drainMv  = regexp.MustCompile(stamp + `shards   (shard-\d\d): (node-\d) -> (node-\d), handed over: owned again (\d+) ms after (node-\d) released it$`)
 		crashes  = regexp.MustCompile(stamp + `demo     --- (node-\d), owning (\d+) shards, crashes`)
 		crashMv  = regexp.MustCompile(stamp + `shards   (shard-\d\d): (node-\d) -> (node-\d), owned again (\d+) ms after the crash$`)
 		crashed  = regexp.MustCompile(stamp + `shards   crash: the (\d+) shards (node-\d) owned moved to their standbys; no other shard moved$`)
@@ -116,8 +157,8 @@ func checkDemoShards(t *testing.T, out string, slow int) demoShardClaims {
 	// The owners, as each listing (a run of "owns" lines) shows them.
 	var listings []map[string]string
 	inListing := false
-	joinMoved, crashMoved := map[string]bool{}, map[string]bool{}
-	victimOwned, crashClaim := -1, -1
+	joinMoved, drainMoved, crashMoved := map[string]bool{}, map[string]bool{}, map[string]bool{}
+	victimOwned, leaverOwned, crashClaim := -1, -1, -1
 	for _, line := range strings.Split(out, "\n") {
 		m := owns.FindStringSubmatch(line)
 		if m == nil {
@@ -157,6 +198,15 @@ func checkDemoShards(t *testing.T, out string, slow int) demoShardClaims {
 				t.Errorf("%q, but %d moves printed", line, len(joinMoved))
 			}
 			got.joinMoved = n
+		case leaves.MatchString(line):
+			m := leaves.FindStringSubmatch(line)
+			got.leaver, leaverOwned = m[1], atoi(m[2])
+		case drainMv.MatchString(line):
+			m := drainMv.FindStringSubmatch(line)
+			if m[2] != got.leaver || m[5] != got.leaver || m[3] == got.leaver || atoi(m[4]) > 1000*slow {
+				t.Errorf("drain move %q: want from %s to another host, within %d ms", line, got.leaver, 1000*slow)
+			}
+			drainMoved[m[1]] = true
 		case crashes.MatchString(line):
 			m := crashes.FindStringSubmatch(line)
 			got.victim, victimOwned = m[1], atoi(m[2])
@@ -175,8 +225,8 @@ func checkDemoShards(t *testing.T, out string, slow int) demoShardClaims {
 			}
 		}
 	}
-	if len(listings) != 3 {
-		t.Fatalf("%d listings of the owners, want 3 (3 hosts, the join, the crash)", len(listings))
+	if len(listings) != 4 {
+		t.Fatalf("%d listings of the owners, want 4 (3 hosts, the join, the drain, the crash)", len(listings))
 	}
 	for i, l := range listings {
 		if len(l) != 12 {
@@ -189,9 +239,23 @@ func checkDemoShards(t *testing.T, out string, slow int) demoShardClaims {
 			t.Errorf("join: %s went from %s to %s, moves printed: %v", s, before, o, joinMoved)
 		}
 	}
-	owned := 0
+	drained := 0
 	for s, o := range listings[2] {
 		before := listings[1][s]
+		if before == got.leaver {
+			drained++
+		}
+		if (before != o) != (before == got.leaver) || o == got.leaver || drainMoved[s] != (before == got.leaver) {
+			t.Errorf("drain of %s: %s went from %s to %s, moves printed: %v", got.leaver, s, before, o, drainMoved)
+		}
+	}
+	if got.leaver == "" || drained != leaverOwned {
+		t.Errorf("drain of %q: owned %d shards, said to own %d", got.leaver, drained, leaverOwned)
+	}
+	got.drainMoved = len(drainMoved)
+	owned := 0
+	for s, o := range listings[3] {
+		before := listings[2][s]
 		if before == got.victim {
 			owned++
 		}

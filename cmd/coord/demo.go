@@ -93,7 +93,7 @@ type demo struct {
 	w      *coord.HostWatcher
 	leads  chan demoOutcome
 	grants chan demoGrant // the semaphore's Acquires run in the background
-	wg     sync.WaitGroup // the watcher's consumer and the campaigns
+	wg     sync.WaitGroup // the watcher's consumer, the campaigns and the Acquires
 
 	shards []string // the ShardSet's
 
@@ -126,7 +126,7 @@ func runDemo(ctx context.Context, stdout io.Writer) (err error) {
 		return fmt.Errorf("demo: %w", err)
 	}
 	defer os.RemoveAll(dir)
-	log.printf("demo", "on an embedded etcd: 4 agents, 3 of them in an election; a ShardSet of 4 more; a Semaphore of 4 more; with crashes")
+	log.printf("demo", "on an embedded etcd: 4 agents, 3 of them in an election; a ShardSet of 4 more; a Semaphore of 4 more; with a drain and crashes")
 	log.printf("demo", "starting the embedded etcd")
 	srv, err := coordtest.Start(dir, coordtest.Config{})
 	if err != nil {

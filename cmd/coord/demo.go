@@ -24,6 +24,8 @@ const (
 	// down to 1 s; 2 s leaves room for a slow machine's renewals.
 	demoTTL      = 2 * time.Second
 	demoElection = "/coord/elections/scheduler"
+	// demoSemaphore is the Semaphore of the last act.
+	demoSemaphore = "/coord/semaphores/maintenance"
 	// demoWait bounds every wait of the demo: a step that takes longer is
 	// a failure, not something to wait for.
 	demoWait = 15 * time.Second
@@ -35,15 +37,19 @@ func cmdDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	c := newCmdFlags("demo", "", `Run a self-contained demo of coord, in about ten seconds, with nothing to
 set up: an embedded etcd, simulated agents (each with its own client)
 registering their hosts with a 2s lease, and a watcher of the hosts.
-First, an election that three agents contest: one host crashes, then the
-leader crashes, and the demo shows, as it happens, the Down events and the
-failover with their measured delays; a third agent stops cleanly for
-comparison. Then a ShardSet: three more agents share 12 shards, a fourth
-joins and takes the shards it ranks first for, then the agent that owns
-most crashes and its shards go to their standbys; the demo prints each
-move with its delay, and checks that no shard ever ran on two agents at
-once. A crash is simulated by closing the agent's client without stopping
-anything, so its leases are left to expire.`, false)
+First, an election that three of four agents contest: one host crashes,
+then the leader crashes, and the demo shows, as it happens, the Down
+events and the failover with their measured delays; a third agent stops
+cleanly for comparison. Then a ShardSet: three more agents share 12
+shards, a fourth joins and takes the shards it ranks first for, the agent
+that owns most drains (Drain hands its shards over, then Close), then the
+one that owns most of the rest crashes and its shards go to their
+standbys; the demo prints each move with its delay, and checks that no
+shard ever ran on two agents at once. Last, four agents share a Semaphore
+of two permits: two hold, two wait in line, a holder crashes and its
+permit ends before its slot goes to the first in line. A crash is
+simulated by closing the agent's client without stopping anything, so
+its leases are left to expire.`, false)
 	if _, err := c.parse(args, stdout, 0); err != nil {
 		return err
 	}
@@ -56,10 +62,11 @@ type demoAgent struct {
 	meta  coord.HostMetadata
 	cli   *clientv3.Client
 	live  *coord.HostLiveness
-	elect *coord.Election // nil unless a candidate
-	set   *coord.ShardSet // nil unless it takes part in the shards
-	up    chan struct{}   // the watcher saw the host up
-	down  chan struct{}   // the watcher saw the host down
+	elect *coord.Election  // nil unless a candidate
+	set   *coord.ShardSet  // nil unless it takes part in the shards
+	sem   *coord.Semaphore // nil unless it takes part in the semaphore
+	up    chan struct{}    // the watcher saw the host up
+	down  chan struct{}    // the watcher saw the host down
 }
 
 // demoOutcome is the outcome of a Campaign run in the background.
@@ -67,6 +74,14 @@ type demoOutcome struct {
 	agent *demoAgent
 	err   error
 	at    time.Time // when Campaign returned
+}
+
+// demoGrant is the outcome of an Acquire run in the background.
+type demoGrant struct {
+	agent  *demoAgent
+	permit *coord.Permit
+	err    error
+	at     time.Time // when Acquire returned
 }
 
 type demo struct {
@@ -77,7 +92,8 @@ type demo struct {
 	cli    *clientv3.Client      // the watcher's, also used to look around
 	w      *coord.HostWatcher
 	leads  chan demoOutcome
-	wg     sync.WaitGroup // the watcher's consumer and the campaigns
+	grants chan demoGrant // the semaphore's Acquires run in the background
+	wg     sync.WaitGroup // the watcher's consumer, the campaigns and the Acquires
 
 	shards []string // the ShardSet's
 
@@ -110,7 +126,7 @@ func runDemo(ctx context.Context, stdout io.Writer) (err error) {
 		return fmt.Errorf("demo: %w", err)
 	}
 	defer os.RemoveAll(dir)
-	log.printf("demo", "an election among 4 agents, then a ShardSet of 4 more, on an embedded etcd; then crashes")
+	log.printf("demo", "on an embedded etcd: 4 agents, 3 of them in an election; a ShardSet of 4 more; a Semaphore of 4 more; with a drain and crashes")
 	log.printf("demo", "starting the embedded etcd")
 	srv, err := coordtest.Start(dir, coordtest.Config{})
 	if err != nil {
@@ -158,6 +174,7 @@ func (d *demo) script(ctx context.Context) error {
 		func(ctx context.Context) error { return d.stopAct(ctx, n3) },
 		func(ctx context.Context) error { return d.leaveAct(ctx, n2) },
 		d.shardAct,
+		func(ctx context.Context) error { return d.semaphoreAct(ctx, d.agents[8:]) },
 	}
 	for _, act := range acts {
 		if err := act(ctx); err != nil {
@@ -168,11 +185,11 @@ func (d *demo) script(ctx context.Context) error {
 	return nil
 }
 
-// cast creates the agents, the first four for the election and the other
-// four for the ShardSet, and names the shards.
+// cast creates the agents, four for the election, four for the ShardSet
+// and four for the Semaphore, and names the shards.
 func (d *demo) cast() {
 	zones := []string{"eu-west-1a", "eu-west-1b"}
-	for i := range 8 {
+	for i := range 12 {
 		a := &demoAgent{
 			name: fmt.Sprintf("node-%d", i+1),
 			up:   make(chan struct{}, 1),
@@ -203,7 +220,7 @@ func (d *demo) electionAct(ctx context.Context, leader, next, last *demoAgent) e
 	if err := leader.elect.Campaign(ctx, ""); err != nil {
 		return fmt.Errorf("%s: %w", leader.name, err)
 	}
-	d.log.printf(leader.name, "leads %s (fencing token %d)", demoElection, leader.elect.Token())
+	d.log.printf(leader.name, "leads %s (fencing token %d: etcd's revision of the leader key, rising with each leader)", demoElection, leader.elect.Token())
 	// One at a time, so that the queue, and the successor, are known.
 	d.campaign(ctx, next)
 	if err := d.waitCandidates(ctx, 2); err != nil {
@@ -330,7 +347,7 @@ func (d *demo) summary() {
 // then prints the moves that took it there, and checks that there were no
 // others.
 func (d *demo) shardAct(ctx context.Context) error {
-	fleet := d.agents[4:]
+	fleet := d.agents[4:8]
 	before, err := d.shardStart(ctx, fleet[:3])
 	if err != nil {
 		return err
@@ -339,7 +356,11 @@ func (d *demo) shardAct(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := d.shardCrash(ctx, fleet, after); err != nil {
+	rest, drained, err := d.shardDrain(ctx, fleet, after)
+	if err != nil {
+		return err
+	}
+	if err := d.shardCrash(ctx, rest, drained); err != nil {
 		return err
 	}
 	d.log.printf("shards", "no shard ever ran on two hosts at once: each Run started after the previous owner's had returned")
@@ -410,6 +431,87 @@ func (d *demo) shardJoin(ctx context.Context, fleet []*demoAgent, before map[str
 	return after, nil
 }
 
+// shardDrain has the agent of fleet that owns the most shards, by after,
+// leave gracefully, as for a planned restart: Drain hands its shards over
+// to their standbys, then Close and Stop. It returns the others and the
+// owners once settled.
+func (d *demo) shardDrain(ctx context.Context, fleet []*demoAgent, after map[string]*demoAgent) ([]*demoAgent, map[string]*demoAgent, error) {
+	leaver := slices.MaxFunc(fleet, func(a, b *demoAgent) int { return cmp.Compare(ownedBy(after, a), ownedBy(after, b)) })
+	rest := slices.DeleteFunc(slices.Clone(fleet), func(a *demoAgent) bool { return a == leaver })
+	d.log.printf("demo", "--- %s, owning %d shards, leaves for a planned restart: Drain hands each to its standby, then Close",
+		leaver.name, ownedBy(after, leaver))
+	mark := d.moveCount()
+	start := time.Now()
+	dctx, cancel := context.WithTimeout(ctx, demoWait)
+	err := leaver.set.Drain(dctx)
+	cancel()
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", leaver.name, err)
+	}
+	took := time.Since(start)
+	final, err := d.settle(ctx, rest)
+	if err != nil {
+		return nil, nil, err
+	}
+	moved, err := d.checkMoves(mark, after, final)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s drained: %w", leaver.name, err)
+	}
+	moves := d.movesSince(mark)
+	var longest time.Duration
+	for _, m := range moves {
+		longest = max(longest, m.gap)
+		d.log.printf("shards", "%s: %s -> %s, handed over: owned again %d ms after %s released it", m.shard, m.from.name, m.to.name, m.gap.Milliseconds(), m.from.name)
+	}
+	d.log.printf("shards", "drain: Drain returned in %d ms, owning nothing; %d shards handed over, at most %d in flight at once (bound: MaxMoves = %d per taker)",
+		took.Milliseconds(), len(moved), maxInFlight(moves), coord.DefaultShardMaxMoves)
+	d.log.printf("shards", "drain: no shard went without an owner longer than %d ms: its Run's drain (none, it returns at once) plus a round trip",
+		longest.Milliseconds())
+	if err := d.leave(ctx, leaver); err != nil {
+		return nil, nil, err
+	}
+	d.printOwners(rest, final)
+	d.result(leaver.name+" Drain -> returns, owning nothing", took.Milliseconds())
+	if len(moves) > 0 {
+		d.result(leaver.name+" Drain -> a shard without an owner, longest", longest.Milliseconds())
+	}
+	return rest, final, nil
+}
+
+// leave closes a's drained ShardSet, which has nothing more to hand
+// over, and stops its host.
+func (d *demo) leave(ctx context.Context, a *demoAgent) error {
+	mark := d.moveCount()
+	if err := a.set.Close(); err != nil {
+		return fmt.Errorf("%s: %w", a.name, err)
+	}
+	if n := d.moveCount() - mark; n > 0 {
+		return fmt.Errorf("%s: Close after Drain moved %d shards", a.name, n)
+	}
+	d.log.printf(a.name, "closes its ShardSet (Done closed, Err %v): nothing more to hand over; stops its host", a.set.Err())
+	d.mark(a, "Stop")
+	if err := a.live.Stop(ctx); err != nil {
+		return fmt.Errorf("%s: %w", a.name, err)
+	}
+	return d.await(ctx, a.down, a.name+" seen down")
+}
+
+// maxInFlight returns the most moves under way at once: released by one
+// agent, not yet acquired by the next.
+func maxInFlight(moves []shardMove) int {
+	most := 0
+	for _, m := range moves {
+		n := 0
+		for _, o := range moves {
+			if !o.at.Before(m.at) && !o.at.Add(-o.gap).After(m.at) {
+				n++
+			}
+		}
+		most = max(most, n)
+	}
+	return most
+}
+
 // shardCrash crashes the agent of fleet that owns the most shards, by
 // after, and checks that only its shards move, to their standbys.
 func (d *demo) shardCrash(ctx context.Context, fleet []*demoAgent, after map[string]*demoAgent) error {
@@ -447,7 +549,7 @@ func (d *demo) shardCrash(ctx context.Context, fleet []*demoAgent, after map[str
 func (d *demo) startShards(ctx context.Context, a *demoAgent) error {
 	set, err := coord.NewShardSet(ctx, a.cli, coord.ShardOptions{
 		Shards:   d.shards,
-		Self:     a.meta.HostUUID,
+		Host:     a.live,
 		TTL:      demoTTL,
 		Run:      func(ctx context.Context, _ coord.Shard) { <-ctx.Done() },
 		OnSignal: d.onShardSignal,
@@ -739,10 +841,16 @@ func (d *demo) campaign(ctx context.Context, a *demoAgent) {
 
 // waitCandidates waits until n candidates are in line for the election.
 func (d *demo) waitCandidates(ctx context.Context, n int) error {
+	return d.waitKeys(ctx, demoElection+"/", n)
+}
+
+// waitKeys waits until there are n keys under prefix: candidates in
+// line for an election or a semaphore.
+func (d *demo) waitKeys(ctx context.Context, prefix string, n int) error {
 	ctx, cancel := context.WithTimeout(ctx, demoWait)
 	defer cancel()
 	for {
-		resp, err := d.cli.Get(ctx, demoElection+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		resp, err := d.cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
 		if err != nil {
 			return fmt.Errorf("waiting for %d candidates: %w", n, err)
 		}
@@ -839,6 +947,9 @@ func (d *demo) shutdown() error {
 		if !gone && a.live != nil && len(stopped) == 0 {
 			d.log.printf("demo", "--- shutting down: the survivors resign and stop")
 		}
+		if a.sem != nil {
+			errs = append(errs, a.sem.Close())
+		}
 		if a.elect != nil {
 			if a.elect.IsLeader() && !gone {
 				d.log.printf(a.name, "resigns from %s", demoElection)
@@ -905,5 +1016,149 @@ func (l *demoLog) lines(lines [][2]string) {
 	now := time.Now().Format(timestamp)
 	for _, line := range lines {
 		fmt.Fprintf(l.w, "%s  %-8s %s\n", now, line[0], line[1])
+	}
+}
+
+// semaphoreAct has agents share a Semaphore of Limit 2, as for host
+// maintenance: the first two hold permits, the other two wait in line;
+// the first holder crashes, and its permit ends before its slot goes to
+// the first in line. Then the others release theirs.
+func (d *demo) semaphoreAct(ctx context.Context, agents []*demoAgent) error {
+	d.log.printf("demo", "--- Semaphore: %s, %s, %s and %s share %s, Limit 2: at most two hosts in maintenance at once",
+		agents[0].name, agents[1].name, agents[2].name, agents[3].name, demoSemaphore)
+	d.grants = make(chan demoGrant, len(agents))
+	for _, a := range agents {
+		if err := d.joinSemaphore(ctx, a); err != nil {
+			return err
+		}
+	}
+	var held []*coord.Permit
+	for i, a := range agents {
+		d.acquire(ctx, a)
+		if err := d.waitKeys(ctx, demoSemaphore+"/", i+1); err != nil {
+			return err
+		}
+		if i < 2 {
+			g, err := d.grant(ctx, a)
+			if err != nil {
+				return err
+			}
+			what := ""
+			if i == 0 {
+				what = ": etcd's revision of its permit key, rising with each permit"
+			}
+			d.log.printf(a.name, "acquires a permit (fencing token %d%s), starts its maintenance", g.permit.Token(), what)
+			held = append(held, g.permit)
+			continue
+		}
+		d.log.printf(a.name, "asks for a permit; both are held: waits in line, %s", []string{"first", "second"}[i-2])
+	}
+	third, err := d.semaphoreCrash(ctx, agents[0], agents[2], held[0])
+	if err != nil {
+		return err
+	}
+	return d.semaphoreRelease(ctx, agents[1:], held[1], third)
+}
+
+// semaphoreCrash crashes holder, which held permit, and checks that its
+// permit ends before next, first in line, is granted its slot. It
+// returns next's permit.
+func (d *demo) semaphoreCrash(ctx context.Context, holder, next *demoAgent, permit *coord.Permit) (*coord.Permit, error) {
+	d.log.printf("demo", "--- %s, holding a permit, crashes: its client goes, its session is left to expire (TTL %v)", holder.name, demoTTL)
+	d.crash(holder)
+	if err := d.await(ctx, permit.Done(), holder.name+"'s permit ends"); err != nil {
+		return nil, err
+	}
+	stepDown := d.since(holder)
+	d.log.printf(holder.name, "permit ended %d ms after the crash (Done closed, Err: %v): its maintenance stops before its slot can go to another", stepDown, permit.Err())
+	g, err := d.grant(ctx, next)
+	if err != nil {
+		return nil, err
+	}
+	handover := d.sinceAt(holder, g.at)
+	if handover < stepDown {
+		return nil, fmt.Errorf("%s was granted a permit %d ms after %s crashed, before its permit ended (%d ms)", next.name, handover, holder.name, stepDown)
+	}
+	if g.permit.Token() <= permit.Token() {
+		return nil, fmt.Errorf("%s's fencing token %d, not above %s's %d", next.name, g.permit.Token(), holder.name, permit.Token())
+	}
+	d.log.printf(next.name, "acquires the freed permit (fencing token %d > %d) %d ms after %s crashed, once etcd expired its session",
+		g.permit.Token(), permit.Token(), handover, holder.name)
+	d.result(holder.name+" (holder) crash -> its permit ends (Done)", stepDown)
+	d.result(holder.name+" (holder) crash -> "+next.name+" holds its permit", handover)
+	return g.permit, nil
+}
+
+// semaphoreRelease has agents[0], which holds first, release it: the
+// last agent, in line, is granted it; then every holder releases.
+func (d *demo) semaphoreRelease(ctx context.Context, agents []*demoAgent, first, second *coord.Permit) error {
+	holder, last := agents[0], agents[len(agents)-1]
+	released := time.Now()
+	if err := first.Release(ctx); err != nil {
+		return fmt.Errorf("%s: %w", holder.name, err)
+	}
+	d.log.printf(holder.name, "ends its maintenance: releases its permit")
+	g, err := d.grant(ctx, last)
+	if err != nil {
+		return err
+	}
+	d.log.printf(last.name, "acquires the released permit (fencing token %d) %d ms after the release", g.permit.Token(), g.at.Sub(released).Milliseconds())
+	d.result(holder.name+" Release -> "+last.name+" holds its permit", g.at.Sub(released).Milliseconds())
+	for _, p := range []struct {
+		a *demoAgent
+		p *coord.Permit
+	}{{agents[1], second}, {last, g.permit}} {
+		if err := p.p.Release(ctx); err != nil {
+			return fmt.Errorf("%s: %w", p.a.name, err)
+		}
+	}
+	holders, err := holder.sem.Holders(ctx)
+	if err != nil {
+		return err
+	}
+	d.log.printf("demo", "%s and %s release theirs: %d permits held", agents[1].name, last.name, len(holders))
+	return nil
+}
+
+// joinSemaphore gives a its own client and its Semaphore.
+func (d *demo) joinSemaphore(ctx context.Context, a *demoAgent) error {
+	cli, err := d.srv.Dial()
+	if err != nil {
+		return err
+	}
+	a.cli = cli
+	a.sem, err = coord.NewSemaphore(ctx, cli, coord.SemaphoreOptions{Key: demoSemaphore, Limit: 2, TTL: demoTTL, Identity: a.name})
+	if err != nil {
+		return fmt.Errorf("%s: %w", a.name, err)
+	}
+	return nil
+}
+
+// acquire runs a's Acquire in the background; its outcome goes to
+// d.grants.
+func (d *demo) acquire(ctx context.Context, a *demoAgent) {
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		p, err := a.sem.Acquire(ctx)
+		d.grants <- demoGrant{a, p, err, time.Now()}
+	}()
+}
+
+// grant waits for the outcome of an Acquire, which should be a's permit.
+func (d *demo) grant(ctx context.Context, a *demoAgent) (demoGrant, error) {
+	select {
+	case g := <-d.grants:
+		switch {
+		case g.err != nil:
+			return g, fmt.Errorf("%s: %w", g.agent.name, g.err)
+		case g.agent != a:
+			return g, fmt.Errorf("%s was granted a permit, %s was first in line", g.agent.name, a.name)
+		}
+		return g, nil
+	case <-ctx.Done():
+		return demoGrant{}, ctx.Err()
+	case <-time.After(demoWait):
+		return demoGrant{}, fmt.Errorf("%s: no permit within %v", a.name, demoWait)
 	}
 }

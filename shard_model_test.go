@@ -1,6 +1,7 @@
 package coord
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -58,13 +59,15 @@ func TestShardModel(t *testing.T) {
 		m.join()
 	}
 	m.bystander()
+	m.faultEnd = time.Now()
 	m.settle("the start")
 	for i := range steps {
 		op := m.step()
 		took := m.settle(fmt.Sprintf("step %d (%s)", i+1, op))
-		t.Logf("step %d: %s (%d members live, %d bystanders; settled in %v)", i+1, op, len(m.live), len(m.bystanders), took.Round(time.Millisecond))
+		t.Logf("step %d: %s (%d members live, %d bystanders; settled %v after the fault)", i+1, op, len(m.live), len(m.bystanders), took.Round(time.Millisecond))
 	}
 	m.heal()
+	m.faultEnd = time.Now()
 	m.settle("the end")
 	m.noBystanderCandidate()
 	for _, h := range m.all {
@@ -98,6 +101,7 @@ type shModel struct {
 	bys        []*shHost                 // the live bystanders
 	slow       map[*shHost]time.Duration // links delayed (each way) until the next heal
 	n          int
+	faultEnd   time.Time // when the last step's fault was over
 }
 
 // shMember is a member of TestShardModel: a host running a ShardSet on
@@ -109,10 +113,14 @@ type shMember struct {
 }
 
 // step draws and applies one operation, then lets the fleet run for a
-// moment of random length (the fault's duration), and names it.
+// moment of random length, and names it. A fault (a cut, a lag) is over
+// when step returns; a slow link lasts until the next heal, slow enough to
+// take several round trips, not so slow that a lease cannot be kept
+// (keep-alives every third of the TTL, the liveness TTL 1s, each answered
+// after two delays).
 func (m *shModel) step() string {
 	var op string
-	switch r := m.rng.IntN(14); {
+	switch r := m.rng.IntN(15); {
 	case len(m.live) <= 2 || r < 2:
 		op = "join " + m.join()
 	case r < 4:
@@ -127,12 +135,15 @@ func (m *shModel) step() string {
 		op = m.bystanderStep()
 	case r < 11:
 		op = "cut " + m.cut(time.Duration(m.rng.Int64N(int64(2*m.ttl))))
-	case r < 13:
-		op = "slow " + m.delay(time.Duration(m.rng.Int64N(int64(m.ttl/2))))
+	case r < 12:
+		op = "lag " + m.lag(time.Duration(m.rng.Int64N(int64(m.ttl/2))), time.Duration(m.rng.Int64N(int64(m.ttl))))
+	case r < 14:
+		op = "slow " + m.delay(time.Duration(m.rng.Int64N(int64(250*time.Millisecond))))
 	default:
 		op = "restart etcd"
 		m.srv.Restart()
 	}
+	m.faultEnd = time.Now()
 	<-time.After(time.Duration(m.rng.Int64N(int64(m.ttl))))
 	return op
 }
@@ -278,6 +289,17 @@ func (m *shModel) cut(d time.Duration) string {
 	return fmt.Sprintf("%s for %v", h.label, d.Round(time.Millisecond))
 }
 
+// lag slows a live member's link by d each way for long, then gives it
+// its speed back (or the slow link's it had): slow enough that its leases
+// may expire.
+func (m *shModel) lag(d, long time.Duration) string {
+	h := m.live[m.rng.IntN(len(m.live))]
+	h.px.Delay(d)
+	<-time.After(long)
+	h.px.Delay(m.slow[h.shHost])
+	return fmt.Sprintf("%s by %v for %v", h.label, d.Round(time.Millisecond), long.Round(time.Millisecond))
+}
+
 // delay slows a live member's link by d each way until the next heal.
 func (m *shModel) delay(d time.Duration) string {
 	h := m.live[m.rng.IntN(len(m.live))]
@@ -316,7 +338,8 @@ func (m *shModel) owners() map[string]string {
 
 // settle waits until every shard is owned by the member that ranks first
 // for it (see owners), and by no other shard set of the model, live or
-// gone, failing after the TTL and a slack; it returns how long that took.
+// gone, failing after the TTL and a slack from the end of the last fault;
+// it returns how long after that it found them settled.
 // The slack covers a host's heal after a cut (its backoff), the handoff
 // (Settle, a campaign, the old owner's step-down), and a few round trips
 // of the slowest link.
@@ -326,10 +349,10 @@ func (m *shModel) settle(after string) time.Duration {
 	for _, d := range m.slow {
 		slowest = max(slowest, d)
 	}
-	limit := m.ttl + m.ttl + maxBackoff*scale + 3*2*slowest
+	limit := m.ttl + m.ttl + maxBackoff*scale + 6*2*slowest
 	want := m.owners()
-	began := time.Now()
-	deadline := time.After(limit)
+	began := cmp.Or(m.faultEnd, time.Now())
+	deadline := time.After(time.Until(began.Add(limit)))
 	for {
 		m.l.mu.Lock()
 		changed := m.l.changed

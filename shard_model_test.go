@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"math/rand/v2"
 	"os"
@@ -114,10 +115,10 @@ type shMember struct {
 
 // step draws and applies one operation, then lets the fleet run for a
 // moment of random length, and names it. A fault (a cut, a lag) is over
-// when step returns; a slow link lasts until the next heal, slow enough to
-// take several round trips, not so slow that a lease cannot be kept
-// (keep-alives every third of the TTL, the liveness TTL 1s, each answered
-// after two delays).
+// when step returns. A slow link lasts until the next heal: slow, but not
+// so slow that its leases cannot be kept (a renewal is tried for a sixth
+// of the TTL, and its answer takes two delays), so that the check after
+// each step holds with it; a lag is slower, for a while.
 func (m *shModel) step() string {
 	var op string
 	switch r := m.rng.IntN(15); {
@@ -138,7 +139,7 @@ func (m *shModel) step() string {
 	case r < 12:
 		op = "lag " + m.lag(time.Duration(m.rng.Int64N(int64(m.ttl/2))), time.Duration(m.rng.Int64N(int64(m.ttl))))
 	case r < 14:
-		op = "slow " + m.delay(time.Duration(m.rng.Int64N(int64(250*time.Millisecond))))
+		op = "slow " + m.delay(time.Duration(m.rng.Int64N(int64(m.ttl/16))))
 	default:
 		op = "restart etcd"
 		m.srv.Restart()
@@ -148,13 +149,23 @@ func (m *shModel) step() string {
 	return op
 }
 
-// join starts a new member: a host registered (liveness TTL 1s) through a
-// link of its own, its shard set on that registration, of a random weight
-// and zone.
+// join starts a new member: a host registered through a link of its own
+// (see host), its shard set on that registration, of a random weight and
+// zone.
 func (m *shModel) join() string {
-	h := shRegister(m.t, m.srv, m.nextID())[0]
+	h := m.host(m.nextID(), LivenessOptions{})
 	mb := m.start(h, h.id)
 	return fmt.Sprintf("%s (weight %v, zone %s)", h.id, mb.rank.Weight, mb.rank.Zone)
+}
+
+// host registers id, with the shard sets' TTL (so that a slow link slows
+// both alike), on a client of its own, through a proxy of its own.
+func (m *shModel) host(id string, opts LivenessOptions) *shHost {
+	h := &shHost{id: id, px: m.srv.NewProxy(m.t)}
+	h.cli = h.px.NewClient(m.t)
+	opts.TTL = m.ttl
+	h.live = register(m.t, h.cli, id, opts)
+	return h
 }
 
 // nextID returns a HostUUID not used yet, members and bystanders drawn
@@ -169,8 +180,12 @@ func (m *shModel) nextID() string {
 func (m *shModel) start(h *shHost, label string) *shMember {
 	mb := &shMember{shHost: h, label: label,
 		rank: ShardMember{HostUUID: h.id, Weight: float64(1 + m.rng.IntN(2)), Zone: []string{"a", "b"}[m.rng.IntN(2)]}}
-	h.start(m.t, m.l, ShardOptions{Shards: m.shards, Host: h.live, Weight: mb.rank.Weight, Zone: mb.rank.Zone,
-		TTL: m.ttl, Run: m.l.writer(h.cli, label)})
+	opts := ShardOptions{Shards: m.shards, Host: h.live, Weight: mb.rank.Weight, Zone: mb.rank.Zone,
+		TTL: m.ttl, Run: m.l.writer(h.cli, label)}
+	if os.Getenv("COORD_MODEL_LOG") != "" {
+		opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("host", label)
+	}
+	h.start(m.t, m.l, opts)
 	m.all = append(m.all, mb)
 	m.live = append(m.live, mb)
 	return mb
@@ -236,9 +251,7 @@ func (m *shModel) stop(h *shHost) string {
 // ErrHostGone, owning nothing.
 func (m *shModel) takeover() string {
 	old := m.pick()
-	h := &shHost{id: old.id, px: m.srv.NewProxy(m.t)}
-	h.cli = h.px.NewClient(m.t)
-	h.live = register(m.t, h.cli, h.id, LivenessOptions{Takeover: true})
+	h := m.host(old.id, LivenessOptions{Takeover: true})
 	gen := 1
 	if _, g, ok := strings.Cut(old.label, "."); ok {
 		gen, _ = strconv.Atoi(g)
@@ -261,7 +274,7 @@ func (m *shModel) takeover() string {
 
 // bystander registers a host that runs no shard set.
 func (m *shModel) bystander() string {
-	h := shRegister(m.t, m.srv, m.nextID())[0]
+	h := m.host(m.nextID(), LivenessOptions{})
 	m.bys = append(m.bys, h)
 	m.bystanders[h.id] = true
 	return h.id

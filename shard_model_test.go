@@ -121,7 +121,7 @@ type shMember struct {
 // each step holds with it; a lag is slower, for a while.
 func (m *shModel) step() string {
 	var op string
-	switch r := m.rng.IntN(15); {
+	switch r := m.rng.IntN(16); {
 	case len(m.live) <= 2 || r < 2:
 		op = "join " + m.join()
 	case r < 4:
@@ -130,15 +130,15 @@ func (m *shModel) step() string {
 		op = "leave " + m.leave()
 	case r < 7:
 		op = "drain " + m.drain()
-	case r < 8:
-		op = "take over " + m.takeover()
 	case r < 9:
+		op = "take over " + m.takeover()
+	case r < 10:
 		op = m.bystanderStep()
-	case r < 11:
-		op = "cut " + m.cut(time.Duration(m.rng.Int64N(int64(2*m.ttl))))
 	case r < 12:
+		op = "cut " + m.cut(time.Duration(m.rng.Int64N(int64(2*m.ttl))))
+	case r < 13:
 		op = "lag " + m.lag(time.Duration(m.rng.Int64N(int64(m.ttl/2))), time.Duration(m.rng.Int64N(int64(m.ttl))))
-	case r < 14:
+	case r < 15:
 		op = "slow " + m.delay(time.Duration(m.rng.Int64N(int64(m.ttl/16))))
 	default:
 		op = "restart etcd"
@@ -202,31 +202,34 @@ func (m *shModel) pick() *shMember {
 func (m *shModel) crash() string {
 	h := m.pick()
 	h.crash()
-	return h.id
+	return h.label
 }
 
 // leave closes a member's shard set, then stops its registration.
 func (m *shModel) leave() string {
 	h := m.pick()
 	h.set.Close()
-	return h.id + m.stop(h.shHost)
+	return h.label + m.stop(h.shHost)
 }
 
 // drain drains a member, then closes its shard set and stops its
 // registration: it owns nothing once Drain returns, there being other
-// members to take its shards.
+// members to take its shards, and the shards settle on the others while
+// its shard set still runs, draining.
 func (m *shModel) drain() string {
 	h := m.pick()
 	began := time.Now()
 	if err := h.set.Drain(testCtx(m.t)); err != nil {
-		m.t.Fatalf("drain %s: %v", h.id, err)
+		m.t.Fatalf("drain %s: %v", h.label, err)
 	}
 	took := time.Since(began)
 	if owned := h.set.Owned(); len(owned) != 0 {
-		m.t.Fatalf("%s drained, still owning %v", h.id, owned)
+		m.t.Fatalf("%s drained, still owning %v", h.label, owned)
 	}
+	m.faultEnd = time.Now()
+	m.settle("the drain of " + h.label + ", before its Close")
 	h.set.Close()
-	return fmt.Sprintf("%s (drained in %v)%s", h.id, took.Round(time.Millisecond), m.stop(h.shHost))
+	return fmt.Sprintf("%s (drained in %v)%s", h.label, took.Round(time.Millisecond), m.stop(h.shHost))
 }
 
 // stop stops h's registration, and says how if not plainly.
@@ -251,6 +254,7 @@ func (m *shModel) stop(h *shHost) string {
 // ErrHostGone, owning nothing.
 func (m *shModel) takeover() string {
 	old := m.pick()
+	began := time.Now()
 	h := m.host(old.id, LivenessOptions{Takeover: true})
 	gen := 1
 	if _, g, ok := strings.Cut(old.label, "."); ok {
@@ -269,7 +273,8 @@ func (m *shModel) takeover() string {
 	if owned := old.set.Owned(); len(owned) != 0 {
 		m.t.Fatalf("%s taken over: its old shard set ended owning %v", old.id, owned)
 	}
-	return fmt.Sprintf("%s by %s (weight %v, zone %s)", old.label, mb.label, mb.rank.Weight, mb.rank.Zone)
+	return fmt.Sprintf("%s by %s (weight %v, zone %s; the old set ended %v after the takeover)", old.label, mb.label, mb.rank.Weight, mb.rank.Zone,
+		time.Since(began).Round(time.Millisecond))
 }
 
 // bystander registers a host that runs no shard set.

@@ -42,7 +42,7 @@ func TestShardModel(t *testing.T) {
 	}
 	// Bounded: each step lasts up to three TTLs and its check up to a few
 	// more, which emulated CPUs stretch tenfold.
-	steps := 12
+	steps := 10
 	if testing.Short() || scale > 1 {
 		steps = 4
 	}
@@ -420,25 +420,32 @@ func (m *shModel) ranks() []ShardMember {
 	return out
 }
 
-// noBystanderCandidate checks that no bystander is a candidate of any
-// shard in etcd.
+// noBystanderCandidate checks that every candidate of every shard in
+// etcd is a member's: no bystander, live or gone, ever campaigns.
 func (m *shModel) noBystanderCandidate() {
+	members := m.memberIDs()
 	for s, ids := range shCandidates(m.t, m.srv.Client(), m.shards) {
 		for _, id := range ids {
-			if m.bystanders[id] {
-				m.t.Fatalf("bystander %s is a candidate of %s", id, s)
+			if !members[id] {
+				m.t.Fatalf("%s, no member, is a candidate of %s", id, s)
 			}
 		}
 	}
 }
 
+// memberIDs returns the HostUUIDs of every member ever started.
+func (m *shModel) memberIDs() map[string]bool {
+	ids := map[string]bool{}
+	for _, h := range m.all {
+		ids[h.id] = true
+	}
+	return ids
+}
+
 // noBystanderWrite checks that no write of ws, nor any shard signal,
 // came from a host that was ever a bystander.
 func (m *shModel) noBystanderWrite(ws []shWrite) {
-	members := map[string]bool{}
-	for _, h := range m.all {
-		members[h.id] = true
-	}
+	members := m.memberIDs()
 	for _, w := range ws {
 		if id, _, _ := strings.Cut(w.host, "."); !members[id] {
 			m.t.Fatalf("%s of shard %s (token %d) is no member's", w.host, w.shard, w.token)

@@ -235,10 +235,10 @@ func (m *shModel) drain() string {
 // stop stops h's registration, and says how if not plainly.
 func (m *shModel) stop(h *shHost) string {
 	err := h.live.Stop(testCtx(m.t))
-	// A revoke is bounded by the TTL, and a slow link's round trip takes
-	// up to a TTL (twice a delay up to ttl/2), more when the connection is
-	// made again after an etcd restart: Stop may then say that the revoke
-	// timed out, and the lease expires by itself, which the model allows.
+	// A revoke is bounded by the TTL; over a slow link, when the
+	// connection is made again after an etcd restart, Stop may say that
+	// the revoke timed out, and the lease expires by itself, which the
+	// model allows.
 	if err != nil && m.slow[h] > 0 && errors.Is(err, context.DeadlineExceeded) {
 		return " (its revoke timed out on the slow link)"
 	}
@@ -318,14 +318,15 @@ func (m *shModel) lag(d, long time.Duration) string {
 	return fmt.Sprintf("%s by %v for %v", h.label, d.Round(time.Millisecond), long.Round(time.Millisecond))
 }
 
-// delay slows a live member's link by d each way until the next heal.
+// delay slows a live member's link by d each way (or more, as it was
+// already) until the next heal.
 func (m *shModel) delay(d time.Duration) string {
 	h := m.live[m.rng.IntN(len(m.live))]
-	h.px.Delay(d)
 	if m.slow == nil {
 		m.slow = map[*shHost]time.Duration{}
 	}
 	m.slow[h.shHost] = max(m.slow[h.shHost], d)
+	h.px.Delay(m.slow[h.shHost])
 	return fmt.Sprintf("%s by %v", h.label, d.Round(time.Millisecond))
 }
 

@@ -163,6 +163,7 @@ func htStayHealthy(t *testing.T, c Checker) {
 }
 
 func TestHealthHostLiveness(t *testing.T) {
+	t.Parallel() // long and bound by waits: see "Parallel tests" in helpers_test.go
 	t.Run("goes unhealthy while cut off and heals with the registration", func(t *testing.T) {
 		srv, cli := newEtcd(t)
 		px := srv.NewProxy(t)
@@ -225,6 +226,7 @@ func TestHealthHostLiveness(t *testing.T) {
 }
 
 func TestHealthHostWatcher(t *testing.T) {
+	t.Parallel() // long and bound by waits: see "Parallel tests" in helpers_test.go
 	t.Run("is healthy once synced, unhealthy past the bound until then", func(t *testing.T) {
 		srv, _ := newEtcd(t)
 		px := srv.NewProxy(t)
@@ -306,6 +308,7 @@ func htBreakWatch(t *testing.T, srv interface {
 }
 
 func TestHealthElection(t *testing.T) {
+	t.Parallel() // long and bound by waits: see "Parallel tests" in helpers_test.go
 	t.Run("a standby cut off goes unhealthy, then without a session, and heals", func(t *testing.T) {
 		srv, cli := newEtcd(t)
 		px := srv.NewProxy(t)
@@ -358,6 +361,7 @@ func TestHealthElection(t *testing.T) {
 }
 
 func TestHealthElectionPool(t *testing.T) {
+	t.Parallel() // long and bound by waits: see "Parallel tests" in helpers_test.go
 	t.Run("names the elections that cannot get a session", func(t *testing.T) {
 		srv, cli := newEtcd(t)
 		px := srv.NewProxy(t)
@@ -390,6 +394,7 @@ func TestHealthElectionPool(t *testing.T) {
 }
 
 func TestHealthSemaphore(t *testing.T) {
+	t.Parallel() // long and bound by waits: see "Parallel tests" in helpers_test.go
 	t.Run("a waiter cut off goes unhealthy and heals; a holder until its permit is lost", func(t *testing.T) {
 		srv, cli := newEtcd(t)
 		px := srv.NewProxy(t)
@@ -433,6 +438,7 @@ func TestHealthSemaphore(t *testing.T) {
 }
 
 func TestHealthShardSet(t *testing.T) {
+	t.Parallel() // long and bound by waits: see "Parallel tests" in helpers_test.go
 	t.Run("is unhealthy while it does not follow its hosts or candidates", func(t *testing.T) {
 		for _, c := range []struct{ msg, want string }{
 			{"coord: host watch broke, resyncing", "hosts not followed: watch broken for"},

@@ -129,6 +129,7 @@ func smRev(t *testing.T, cli *clientv3.Client) int64 {
 }
 
 func TestSemaphore(t *testing.T) {
+	t.Parallel() // long and bound by waits: see "Parallel tests" in helpers_test.go
 	t.Run("permits are granted first come, first served, each with a token of its own", func(t *testing.T) {
 		srv, cli := newEtcd(t)
 		sig := &signals{}

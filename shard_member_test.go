@@ -18,6 +18,7 @@ import (
 )
 
 func TestShardMembers(t *testing.T) {
+	t.Parallel() // long and bound by waits: see "Parallel tests" in helpers_test.go
 	t.Run("hosts that run no ShardSet take no slot: every shard is owned by a member", testShardBystanders)
 	t.Run("a ShardSet tied to a registration taken over ends with ErrHostGone and owns nothing; the new one owns every shard", testShardTakenOver)
 	t.Run("Drain hands every shard over without overlap and takes none; the others rank the drainer last", testShardDrain)

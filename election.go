@@ -532,10 +532,16 @@ func (e *Election) Close() error {
 		// wg.Wait.
 		e.mu.Lock()
 		e.cancel(ErrClosed)
-		l := e.lead
 		e.mu.Unlock()
 		// Wait out a campaign under way; the turn is never given back.
+		// Only then is the latest leadership known: a campaign that won
+		// as Close began has made it ours, and its key must go too (on a
+		// shared session, nothing else would take it, and its monitor
+		// would never end).
 		e.turn <- struct{}{}
+		e.mu.Lock()
+		l := e.lead
+		e.mu.Unlock()
 		if e.pool != nil {
 			e.leave(l)
 		}

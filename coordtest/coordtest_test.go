@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +19,10 @@ import (
 
 func TestMain(m *testing.M) {
 	if os.Getenv(selfEtcdEnv) != "" {
+		// etcd refuses to run on a GOARCH it does not support (riscv64,
+		// loong64) unless told to: this binary is built for the target
+		// the tests run on.
+		os.Setenv("ETCD_UNSUPPORTED_ARCH", runtime.GOARCH)
 		etcdmain.Main(os.Args) // exits
 	}
 	// The processes the tests start run this binary as etcd.

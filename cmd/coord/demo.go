@@ -711,8 +711,12 @@ func (d *demo) placed(ctx context.Context, want map[string][]string) (string, er
 			running[sh.Name] = true
 		}
 	}
+	// Owned shows a shard as soon as it is acquired, its signal just
+	// after: the moves are counted from the signals.
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	for _, s := range d.shards {
-		if !running[s] {
+		if r := d.running[s]; !running[s] || r == nil || r.meta.HostUUID != want[s][0] {
 			return fmt.Sprintf("%s: not run by %s", s, names(want[s][:1])), nil
 		}
 	}

@@ -125,27 +125,38 @@ func campaignAndHold(ctx context.Context, e *coord.Election, timeout time.Durati
 		return err
 	}
 	fmt.Fprintf(stdout, "%s  leading %s as %q (token %d)\n", time.Now().Format(timestamp), key, identity, e.Token())
+	return hold(ctx, e.Done(), fmt.Errorf("campaign in %s: leadership lost", key), e.Resign, timeout,
+		func() { fmt.Fprintf(stdout, "%s  resigned from %s\n", time.Now().Format(timestamp), key) })
+}
+
+// hold waits until done closes (an error, lost, unless ctx ended too) or
+// ctx ends, then gives up what it held with release, within timeout, and
+// reports it with released.
+func hold(ctx context.Context, done <-chan struct{}, lost error, release func(context.Context) error, timeout time.Duration, released func()) error {
 	select {
-	case <-e.Done():
+	case <-done:
 		if ctx.Err() == nil {
-			return fmt.Errorf("campaign in %s: leadership lost", key)
+			return lost
 		}
 	case <-ctx.Done():
 	}
 	rctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	if err := e.Resign(rctx); err != nil {
+	if err := release(rctx); err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "%s  resigned from %s\n", time.Now().Format(timestamp), key)
+	released()
 	return nil
 }
 
 // checkElectionKey applies coord's rule for election keys, so that a bad
 // key is a usage error found before dialling.
-func checkElectionKey(key string) error {
+func checkElectionKey(key string) error { return checkKey("election", key) }
+
+// checkKey applies coord's rule for election and semaphore keys (noun).
+func checkKey(noun, key string) error {
 	if key == "" || strings.HasSuffix(key, "/") || strings.Contains(key, "//") {
-		return usagef("election key %q: want non-empty, no trailing /, no //", key)
+		return usagef("%s key %q: want non-empty, no trailing /, no //", noun, key)
 	}
 	return nil
 }

@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"strconv"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -176,28 +175,11 @@ func acquireAndHold(ctx context.Context, s *coord.Semaphore, timeout time.Durati
 		return err
 	}
 	fmt.Fprintf(stdout, "%s  holding a permit of %s as %q (token %d)\n", time.Now().Format(timestamp), key, identity, p.Token())
-	select {
-	case <-p.Done():
-		if ctx.Err() == nil {
-			return fmt.Errorf("acquire %s: permit lost", key)
-		}
-	case <-ctx.Done():
-	}
-	rctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	if err := p.Release(rctx); err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "%s  released a permit of %s\n", time.Now().Format(timestamp), key)
-	return nil
+	return hold(ctx, p.Done(), fmt.Errorf("acquire %s: permit lost", key), p.Release, timeout,
+		func() { fmt.Fprintf(stdout, "%s  released a permit of %s\n", time.Now().Format(timestamp), key) })
 }
 
 // checkSemaphoreKey applies coord's rule for semaphore keys (that of
 // election keys), so that a bad key is a usage error found before
 // dialling.
-func checkSemaphoreKey(key string) error {
-	if key == "" || strings.HasSuffix(key, "/") || strings.Contains(key, "//") {
-		return usagef("semaphore key %q: want non-empty, no trailing /, no //", key)
-	}
-	return nil
-}
+func checkSemaphoreKey(key string) error { return checkKey("semaphore", key) }

@@ -635,17 +635,22 @@ func (s *ShardSet) watchCandidates(rev int64, r *retry) error {
 		}
 		*r = retry{}
 		s.mu.Lock()
-		all := false
+		// The members first, then each shard whose candidates changed:
+		// a member event need not change any ranking (a key put again
+		// unchanged), so the refresh may reconcile none of them.
+		members, shards := false, map[string]bool{}
 		for _, ev := range wr.Events {
-			shard, members := s.noteLocked(ev.Kv, ev.Type == mvccpb.DELETE)
-			if members {
-				all = true
-			} else if shard != "" && !all {
-				s.reconcileLocked(shard)
+			shard, m := s.noteLocked(ev.Kv, ev.Type == mvccpb.DELETE)
+			members = members || m
+			if shard != "" {
+				shards[shard] = true
 			}
 		}
-		if all {
+		if members {
 			s.refreshLocked()
+		}
+		for shard := range shards {
+			s.reconcileLocked(shard)
 		}
 		s.mu.Unlock()
 	}

@@ -30,6 +30,7 @@ func TestShardMembers(t *testing.T) {
 	t.Run("Drain with nobody to hand over to keeps every shard, and returns at its ctx", testShardDrainAlone)
 	t.Run("the client closed: Done closes and Err is ErrClientClosed", testShardClientClosed)
 	t.Run("Run is called only for shards we rank for: decisions on complete views", testShardCompleteViews)
+	t.Run("a member key put again and a better-ranked candidacy in one watch response hand the shard over", testShardMemberAndCandidateBatch)
 }
 
 // smOwners waits until every shard is owned by the set want names, and by
@@ -475,4 +476,32 @@ func smPick(shard string, members []ShardMember, n int) []ShardMember {
 	ranked := slices.Clone(members)
 	slices.SortFunc(ranked, func(a, b ShardMember) int { return byRank(shard, a, b) })
 	return pickRanked(ranked, n)
+}
+
+// testShardMemberAndCandidateBatch: a member's key put again unchanged and
+// a better-ranked candidacy, both in one watch response (one transaction
+// here; a fleet starting does it by chance), still hand the shard over.
+// The candidacy was once left unreconciled behind the member event, and
+// the owner kept the shard while the better-ranked member waited for ever.
+func testShardMemberAndCandidateBatch(t *testing.T) {
+	_, l, a, b := shRanked(t, "s0")
+	b.start(t, l, ShardOptions{Shards: []string{"s0"}})
+	l.until(t, "s0 owned by b", func() bool { return len(b.set.Owned()) == 1 })
+	mark := l.mark()
+	lease, err := a.cli.Grant(testCtx(t), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	member := clientv3.OpPut(memberKey(ShardsPrefix, a.id), fmt.Sprintf(`{"host_uuid":%q,"weight":1}`, a.id), clientv3.WithLease(lease.ID))
+	if _, err := a.cli.Put(testCtx(t), memberKey(ShardsPrefix, a.id), fmt.Sprintf(`{"host_uuid":%q,"weight":1}`, a.id), clientv3.WithLease(lease.ID)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a among b's members", func() bool { return len(b.set.Members()) == 2 })
+	cand := clientv3.OpPut(ShardsPrefix+"s0/"+hexID(lease.ID), a.id, clientv3.WithLease(lease.ID))
+	if _, err := a.cli.Txn(testCtx(t)).Then(member, cand).Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if ev := l.waitEvent(t, mark, SignalShardReleased, b.id, "s0"); !errors.Is(ev.Err, errBetterHost) {
+		t.Fatalf("b released s0 with %v, want %v", ev.Err, errBetterHost)
+	}
 }

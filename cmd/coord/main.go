@@ -259,8 +259,8 @@ func (c *cmdFlags) parse(args []string, stdout io.Writer, want int) ([]string, e
 	switch {
 	case len(pos) < want:
 		return nil, usagef("missing arguments: want %s", c.args)
-	case len(pos) > want && want == 0:
-		return nil, usagef("unexpected argument %q", pos[0])
+	case len(pos) > want+c.optional && want == 0:
+		return nil, usagef("unexpected argument %q", pos[c.optional])
 	case len(pos) > want+c.optional:
 		return nil, usagef("too many arguments: want %s", c.args)
 	case c.format != nil && !slices.Contains(c.formats, *c.format):

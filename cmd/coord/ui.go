@@ -36,6 +36,7 @@ type uiConfig struct {
 	endpoints                                          string // shown on the page
 	hostsPrefix, electionsPrefix, shardsPrefix, semPfx string
 	logger                                             *slog.Logger // the host watcher's
+	onViewer                                           func()       // if set, called as a page follows /events
 }
 
 func cmdUI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -207,6 +208,9 @@ func (u *uiServer) state(w http.ResponseWriter, r *http.Request) {
 // or the server ends. A slow client gets the latest view, never a queue
 // of old ones.
 func (u *uiServer) events(w http.ResponseWriter, r *http.Request) {
+	if u.cfg.onViewer != nil {
+		u.cfg.onViewer()
+	}
 	flush := http.NewResponseController(w).Flush
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")

@@ -312,3 +312,43 @@ func (e *uiEvents) closed(t *testing.T) {
 		}
 	}
 }
+
+func TestUIShardMoves(t *testing.T) {
+	// Two hosts, both live members; for each shard, the line as etcd
+	// would hold it.
+	st := newUIState(coord.ShardsPrefix)
+	now := time.Now()
+	for _, id := range []string{"h1", "h2"} {
+		st.noteHost(coord.HostEvent{Kind: coord.HostUp, HostUUID: id, Metadata: coord.HostMetadata{HostUUID: id}}, now)
+		st.members[id] = coord.ShardMember{HostUUID: id, Weight: 1}
+	}
+	best := coord.RankHosts("s", []string{"h1", "h2"})
+	line := func(owner, standby string) shardInfo {
+		return shardInfo{Shard: "s", Owner: shardCandidate{Identity: owner}, Standbys: []shardCandidate{{Identity: standby}}}
+	}
+	moving := func() string {
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		v := st.shardsViewLocked()
+		if n := len(v.Shards[0].Moving) / max(1, len(v.Shards[0].Moving)); v.Moving != n {
+			t.Errorf("%d moves in flight, want %d", v.Moving, n)
+		}
+		return v.Shards[0].Moving
+	}
+	st.shards = []shardInfo{line(best[0], best[1])}
+	if m := moving(); m != "" {
+		t.Errorf("owned by the best-ranked member: moving %q", m)
+	}
+	st.shards = []shardInfo{line(best[1], best[0])}
+	if m := moving(); m != "to "+best[0] {
+		t.Errorf("the best-ranked member in line behind the owner: moving %q, want to %s", m, best[0])
+	}
+	st.members[best[0]] = coord.ShardMember{HostUUID: best[0], Weight: 1, Draining: true}
+	if m := moving(); m != "" {
+		t.Errorf("the member in line drains: moving %q", m)
+	}
+	st.noteHost(coord.HostEvent{Kind: coord.HostDown, HostUUID: best[1], Metadata: coord.HostMetadata{HostUUID: best[1]}}, now)
+	if m := moving(); m != "failover: owner down" {
+		t.Errorf("the owner's host down: moving %q", m)
+	}
+}

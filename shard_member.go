@@ -80,6 +80,20 @@ func byRank(shard string, a, b ShardMember) int {
 	return 1
 }
 
+// RankMembers returns members in the order every ShardSet ranks them for
+// shard, best first: draining members last; then by weighted rendezvous
+// score, the highest first; then as RankHosts ranks (for members of one
+// weight that do not drain, the order of RankHosts). A candidate in line
+// behind a shard's owner that ranks before it is a planned move: the
+// owner hands the shard over. members is not changed.
+//
+// Like RankHosts, the ranking is wire format: it must never change.
+func RankMembers(shard string, members []ShardMember) []ShardMember {
+	out := slices.Clone(members)
+	slices.SortFunc(out, func(a, b ShardMember) int { return byRank(shard, a, b) })
+	return out
+}
+
 // pickRanked returns the candidates among ranked, best first: the
 // best-ranked member of each zone, in rank order, until there are n; then
 // the best-ranked others. So a shard's n candidates are in n zones while

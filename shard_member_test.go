@@ -473,9 +473,7 @@ func testShardCompleteViews(t *testing.T) {
 // smPick returns the candidates of shard among members, as a ShardSet
 // picks them.
 func smPick(shard string, members []ShardMember, n int) []ShardMember {
-	ranked := slices.Clone(members)
-	slices.SortFunc(ranked, func(a, b ShardMember) int { return byRank(shard, a, b) })
-	return pickRanked(ranked, n)
+	return pickRanked(RankMembers(shard, members), n)
 }
 
 // testShardMemberAndCandidateBatch: a member's key put again unchanged and

@@ -503,6 +503,31 @@ func TestShardRanking(t *testing.T) {
 			t.Fatalf("spread %.2fσ on average, a fair draw gives 1", rms)
 		}
 	})
+	t.Run("RankMembers: RankHosts for one weight; draining members last; a heavier member first more often", func(t *testing.T) {
+		heavy := 0
+		for _, sh := range shards[:256] {
+			members := []ShardMember{{HostUUID: hosts[0], Weight: 1}, {HostUUID: hosts[1], Weight: 1}, {HostUUID: hosts[2], Weight: 1}}
+			var got []string
+			for _, m := range RankMembers(sh, members) {
+				got = append(got, m.HostUUID)
+			}
+			if want := RankHosts(sh, hosts[:3]); !slices.Equal(got, want) {
+				t.Fatalf("%s: RankMembers %v, RankHosts %v", sh, got, want)
+			}
+			members[0].Draining = true
+			if r := RankMembers(sh, members); r[2].HostUUID != hosts[0] || members[0].HostUUID != hosts[0] {
+				t.Fatalf("%s: the draining member ranks %v; members changed: %v", sh, r, members)
+			}
+			members[0].Draining, members[1].Weight = false, 4
+			if RankMembers(sh, members)[0].HostUUID == hosts[1] {
+				heavy++
+			}
+		}
+		// Weight 4 of 6: first with p = 2/3 (σ 7.5 in 256 draws).
+		if heavy < 140 || heavy > 200 {
+			t.Fatalf("the member of weight 4 ranks first for %d of 256 shards, want about 171", heavy)
+		}
+	})
 	t.Run("a host joining takes about K/(N+1) shards, all from others; leaving gives back only its own", func(t *testing.T) {
 		before, after := shTops(shards, hosts[:n]), shTops(shards, hosts)
 		joined := hosts[n]

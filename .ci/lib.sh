@@ -18,6 +18,42 @@ etcd_server_deps() {
 	awk '/^go\.etcd\.io\/etcd\/server(\/|$)/' <<< "$deps"
 }
 
+# browser_path: the path of the browser the browser test (TestUIBrowser,
+# cmd/coord) runs, as it looks for one: $COORD_TEST_BROWSER, else the first
+# of these on the PATH; nothing if none.
+browser_path() {
+	if [ -n "${COORD_TEST_BROWSER:-}" ]; then echo "$COORD_TEST_BROWSER"; return; fi
+	local name
+	for name in chromium chromium-browser google-chrome google-chrome-stable headless-shell; do
+		if command -v "$name"; then return; fi
+	done
+}
+
+# install_browser: installs Debian's chromium with apt unless a browser is
+# there already (GitHub's Ubuntu runners have Google Chrome). Root or
+# passwordless sudo. The browser test fails CI without one: its skip is
+# not declared in .ci/skips.
+install_browser() {
+	local found sudo=''
+	found=$(browser_path)
+	if [ -n "$found" ]; then
+		echo "browser for the browser test: $found"
+		return 0
+	fi
+	if [ "$(id -u)" != 0 ]; then sudo="sudo -n"; fi
+	echo "installing chromium (the browser test's)"
+	$sudo apt-get update -qq
+	# Quiet: only errors, less debconf's notice that apt-utils is missing.
+	$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium 2>&1 > /dev/null |
+		{ grep -v '^debconf: delaying package configuration' >&2 || true; }
+	found=$(browser_path)
+	if [ -z "$found" ]; then
+		echo "no browser after installing chromium" >&2
+		return 1
+	fi
+	echo "browser for the browser test: $found"
+}
+
 # The `go test -json` logs, the coverage profiles and the declared skips
 # are read by a Go program, .ci/report (its own module, standard library
 # only): the functions below call it. build_ci_tool builds it once, for the

@@ -50,10 +50,15 @@ of two permits: two hold, two wait in line, a holder crashes and its
 permit ends before its slot goes to the first in line. A crash is
 simulated by closing the agent's client without stopping anything, so
 its leases are left to expire.`, false)
-	if _, err := c.parse(args, stdout, 0); err != nil {
+	ui := demoUIFlag(c)
+	pos, err := c.parse(args, stdout, 0)
+	if err != nil {
 		return err
 	}
-	return runDemo(ctx, stdout)
+	if err := ui.address(pos); err != nil {
+		return err
+	}
+	return runDemo(ctx, stdout, ui.addr)
 }
 
 // demoAgent is a simulated agent: a host with its own etcd client.
@@ -118,7 +123,7 @@ type shardMove struct {
 	at       time.Time     // when the Run of to started
 }
 
-func runDemo(ctx context.Context, stdout io.Writer) (err error) {
+func runDemo(ctx context.Context, stdout io.Writer, uiAddr string) (err error) {
 	start := time.Now()
 	log := &demoLog{w: stdout}
 	dir, err := os.MkdirTemp("", "coord-demo-")
@@ -134,6 +139,13 @@ func runDemo(ctx context.Context, stdout io.Writer) (err error) {
 	}
 	defer srv.Close()
 	log.printf("demo", "etcd ready at %s", srv.Endpoint())
+	if uiAddr != "" {
+		stopUI, err := startDemoUI(ctx, srv, uiAddr, log)
+		if err != nil {
+			return fmt.Errorf("demo: %w", err)
+		}
+		defer stopUI()
+	}
 
 	d := &demo{log: log, srv: srv, byUUID: map[string]*demoAgent{}, marks: map[*demoAgent]demoMark{},
 		running: map[string]*demoAgent{}, lastRun: map[string]*demoAgent{}, returned: map[string]time.Time{}}

@@ -10,6 +10,7 @@
 //	coord semaphore KEY             # the limit, holders and waiters of a semaphore
 //	coord acquire KEY --limit N     # hold a permit until Ctrl-C, then release it
 //	coord shards                    # each shard's owner and standbys
+//	coord ui                        # a live web page of the fleet on 127.0.0.1:8080
 //
 // Connection flags follow etcdctl's (--endpoints, --cacert, --cert, --key,
 // --user, --dial-timeout) and go before or after the command. Exit status:
@@ -72,6 +73,7 @@ func commands() []command {
 		{"semaphore", "KEY", "list the limit, holders and waiters of semaphore KEY", cmdSemaphore},
 		{"acquire", "KEY [IDENTITY]", "hold a permit of semaphore KEY until interrupted, then release it", cmdAcquire},
 		{"shards", "", "list the shards under --prefix: owner, fencing token, standbys", cmdShards},
+		{"ui", "", "serve a live web page of the fleet: hosts, elections, shards, semaphores", cmdUI},
 		{"bench", "", "run the benchmarks (see coord bench -h)", cmdBench},
 	}
 }
@@ -257,8 +259,8 @@ func (c *cmdFlags) parse(args []string, stdout io.Writer, want int) ([]string, e
 	switch {
 	case len(pos) < want:
 		return nil, usagef("missing arguments: want %s", c.args)
-	case len(pos) > want && want == 0:
-		return nil, usagef("unexpected argument %q", pos[0])
+	case len(pos) > want+c.optional && want == 0:
+		return nil, usagef("unexpected argument %q", pos[c.optional])
 	case len(pos) > want+c.optional:
 		return nil, usagef("too many arguments: want %s", c.args)
 	case c.format != nil && !slices.Contains(c.formats, *c.format):

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/go-coord/coord"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -72,14 +73,21 @@ func readSemaphore(ctx context.Context, cli *clientv3.Client, key string) (semap
 	if err != nil {
 		return info, fmt.Errorf("read semaphore %s: %w", key, err)
 	}
-	limit := resp.Responses[0].GetResponseRange().Kvs
+	return decodeSemaphore(key, resp.Responses[0].GetResponseRange().Kvs, resp.Responses[1].GetResponseRange().Kvs)
+}
+
+// decodeSemaphore reads semaphore key from its limit key (limit: none, or
+// that key) and its permit keys, by create revision.
+func decodeSemaphore(key string, limit, permits []*mvccpb.KeyValue) (semaphoreInfo, error) {
+	info := semaphoreInfo{Key: key, Holders: []permitInfo{}, Waiters: []permitInfo{}}
 	if len(limit) == 0 {
 		return info, fmt.Errorf("semaphore %s holds no limit: nobody has used it", key)
 	}
+	var err error
 	if info.Limit, err = strconv.Atoi(string(limit[0].Value)); err != nil || info.Limit < 1 {
 		return info, fmt.Errorf("semaphore %s: its key holds %q, not a limit", key, limit[0].Value)
 	}
-	for i, kv := range resp.Responses[1].GetResponseRange().Kvs {
+	for i, kv := range permits {
 		p := permitInfo{Identity: string(kv.Value), Token: kv.CreateRevision, Lease: fmt.Sprintf("%x", kv.Lease)}
 		if i < info.Limit {
 			info.Holders = append(info.Holders, p)

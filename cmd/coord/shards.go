@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/json"
@@ -11,6 +12,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/go-coord/coord"
+	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -89,13 +91,17 @@ func listShards(ctx context.Context, cli *clientv3.Client, prefix string, stderr
 	if err != nil {
 		return nil, fmt.Errorf("list shards under %s: %w", prefix, err)
 	}
-	type cand struct {
-		shardCandidate
-		key string
-	}
-	by := map[string][]cand{}
+	shards, _ := decodeShards(prefix, resp.Kvs, stderr)
+	return shards, nil
+}
+
+// decodeShards reads the keys under a shard set's prefix, as listShards
+// gets them: the shards sorted by name, their candidates in line order,
+// and the members' announcements by HostUUID.
+func decodeShards(prefix string, kvs []*mvccpb.KeyValue, stderr io.Writer) ([]shardInfo, map[string]coord.ShardMember) {
+	by := map[string][]*mvccpb.KeyValue{}
 	members := map[string]coord.ShardMember{}
-	for _, kv := range resp.Kvs {
+	for _, kv := range kvs {
 		key := string(kv.Key)
 		shard, lease, ok := strings.Cut(strings.TrimPrefix(key, prefix), "/")
 		if shard == coord.ShardMemberSegment && ok {
@@ -109,29 +115,31 @@ func listShards(ctx context.Context, cli *clientv3.Client, prefix string, stderr
 			fmt.Fprintf(stderr, "coord: skipping %s: not a candidate key (%s<shard>/<lease>)\n", key, prefix)
 			continue
 		}
-		by[shard] = append(by[shard], cand{shardCandidate{Identity: string(kv.Value), Token: kv.CreateRevision,
-			Lease: fmt.Sprintf("%x", kv.Lease)}, key})
+		by[shard] = append(by[shard], kv)
 	}
 	var out []shardInfo
-	for shard, cands := range by {
-		// Only keys put in one transaction share a create revision (no
-		// election does that): the key breaks the tie, for a stable order.
-		slices.SortFunc(cands, func(a, b cand) int {
-			return cmp.Or(cmp.Compare(a.Token, b.Token), strings.Compare(a.key, b.key))
-		})
-		for i := range cands {
-			if m, ok := members[cands[i].Identity]; ok {
-				cands[i].Weight, cands[i].Zone, cands[i].Draining = m.Weight, m.Zone, m.Draining
+	for shard, kvs := range by {
+		slices.SortFunc(kvs, inLine)
+		cands := make([]shardCandidate, len(kvs))
+		for i, kv := range kvs {
+			c := shardCandidate{Identity: string(kv.Value), Token: kv.CreateRevision, Lease: fmt.Sprintf("%x", kv.Lease)}
+			if m, ok := members[c.Identity]; ok {
+				c.Weight, c.Zone, c.Draining = m.Weight, m.Zone, m.Draining
 			}
+			cands[i] = c
 		}
-		info := shardInfo{Shard: shard, Key: prefix + shard, Owner: cands[0].shardCandidate, Standbys: []shardCandidate{}}
-		for _, c := range cands[1:] {
-			info.Standbys = append(info.Standbys, c.shardCandidate)
-		}
-		out = append(out, info)
+		out = append(out, shardInfo{Shard: shard, Key: prefix + shard, Owner: cands[0], Standbys: append([]shardCandidate{}, cands[1:]...)})
 	}
 	slices.SortFunc(out, func(a, b shardInfo) int { return strings.Compare(a.Shard, b.Shard) })
-	return out, nil
+	return out, members
+}
+
+// inLine orders the candidates of an election as it orders them: by
+// create revision, the leader first. Only keys put in one transaction
+// share a create revision (no election does that): the key breaks the
+// tie, for a stable order.
+func inLine(a, b *mvccpb.KeyValue) int {
+	return cmp.Or(cmp.Compare(a.CreateRevision, b.CreateRevision), bytes.Compare(a.Key, b.Key))
 }
 
 // printShards prints shards as a table.

@@ -1,0 +1,152 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/go-coord/coord"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// How coord ui follows etcd: the hosts with a HostWatcher; the
+// elections, the shards and the semaphores each with a watch on their
+// prefix that lists the prefix again on every change; the leases' time
+// left, which no watch reports, read every uiTTLEvery.
+const (
+	uiTTLEvery = time.Second
+	// A listing or watch that fails is tried again after uiRetryMin,
+	// doubling up to uiRetryMax while it fails.
+	uiRetryMin = 100 * time.Millisecond
+	uiRetryMax = 2 * time.Second
+)
+
+// followHosts applies the watcher's events to st until they end.
+func followHosts(ctx context.Context, w *coord.HostWatcher, st *uiState) {
+	for ev := range w.Events() {
+		st.noteHost(ev, time.Now())
+	}
+	if ctx.Err() == nil {
+		st.problem("hosts", fmt.Errorf("host watcher ended: %v", w.Err()))
+	}
+}
+
+// followTTLs reads the time left on the hosts' leases every uiTTLEvery
+// until ctx ends.
+func followTTLs(ctx context.Context, cli *clientv3.Client, prefix string, st *uiState) {
+	t := time.NewTicker(uiTTLEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		readTTLs(ctx, cli, prefix, st)
+	}
+}
+
+// readTTLs reads the time left on the hosts' leases, within uiTTLEvery.
+func readTTLs(ctx context.Context, cli *clientv3.Client, prefix string, st *uiState) {
+	rctx, cancel := context.WithTimeout(ctx, uiTTLEvery)
+	defer cancel()
+	hosts, err := listHosts(rctx, cli, prefix, io.Discard)
+	if ctx.Err() != nil {
+		return
+	}
+	st.problem("leases", err)
+	if err == nil {
+		st.noteTTLs(hosts)
+	}
+}
+
+// prefixFollower keeps one part of the state (the elections, the shards
+// or the semaphores) in step with the keys under prefix: it lists them,
+// watches from the next revision, and lists them again at each change;
+// the listing is what the state shows, so an event needs no decoding, and
+// a compaction, a broken watch or an etcd restart is one more listing.
+type prefixFollower struct {
+	cli    *clientv3.Client
+	st     *uiState
+	part   string // "elections", "shards" or "semaphores"
+	prefix string
+	apply  func(kvs []*mvccpb.KeyValue) // under st's lock
+}
+
+// list reads the keys under the prefix, by create revision, applies them
+// and returns the revision read.
+func (f *prefixFollower) list(ctx context.Context) (int64, error) {
+	resp, err := f.cli.Get(ctx, f.prefix, clientv3.WithPrefix(),
+		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
+	if err != nil {
+		return 0, fmt.Errorf("list %s under %s: %w", f.part, f.prefix, err)
+	}
+	f.st.update(func() { f.apply(resp.Kvs) })
+	f.st.problem(f.part, nil)
+	return resp.Header.Revision, nil
+}
+
+// run follows the prefix from revision rev, listed already, until ctx
+// ends.
+func (f *prefixFollower) run(ctx context.Context, rev int64) {
+	delay := uiRetryMin
+	for {
+		if next, _ := f.watch(ctx, rev); next > rev {
+			rev, delay = next, uiRetryMin
+		}
+		// The watch broke (why is no matter: the listing says whether
+		// etcd can be read); list again, then watch on.
+		for {
+			if !wait(ctx, delay) {
+				return
+			}
+			delay = min(2*delay, uiRetryMax)
+			next, err := f.list(ctx)
+			if err == nil {
+				rev = next
+				break
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			f.st.problem(f.part, err)
+		}
+	}
+}
+
+// watch watches the prefix from rev+1 and lists it again at each change,
+// until the watch breaks (a compaction, no leader, ctx), and returns the
+// last revision listed and why it stopped.
+func (f *prefixFollower) watch(ctx context.Context, rev int64) (int64, error) {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	for resp := range f.cli.Watch(wctx, f.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1)) {
+		if err := resp.Err(); err != nil {
+			return rev, fmt.Errorf("watch %s under %s: %w", f.part, f.prefix, err)
+		}
+		if n := len(resp.Events); n == 0 || resp.Events[n-1].Kv.ModRevision <= rev {
+			continue // already listed
+		}
+		next, err := f.list(ctx)
+		if err != nil {
+			return rev, err
+		}
+		rev = next
+	}
+	return rev, errors.New("watch ended")
+}
+
+// wait waits for d, or until ctx ends: it reports whether ctx lives.
+func wait(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

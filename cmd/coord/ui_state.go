@@ -1,0 +1,316 @@
+package main
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-coord/coord"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+)
+
+// uiView is the fleet as coord ui shows it, at one version of its state:
+// what the page renders, what /state and each event of /events carry.
+// Times and TTLs come formatted, so that the page's first HTML and its
+// script show the same text.
+type uiView struct {
+	Version    uint64          `json:"version"`
+	Hosts      []uiHost        `json:"hosts"` // by HostUUID, the down ones too
+	Elections  []uiElection    `json:"elections"`
+	Shards     uiShards        `json:"shards"`
+	Semaphores []semaphoreInfo `json:"semaphores"`
+	// Problems are what cannot be read now, by part ("hosts", "leases",
+	// "elections", "shards", "semaphores"): that part shows what was read
+	// last.
+	Problems []string `json:"problems"`
+}
+
+// uiHost is a host of the view: live, or down (kept, shown red, until it
+// comes back or uiDownKept more hosts have gone down since).
+type uiHost struct {
+	coord.HostMetadata
+	Down    bool   `json:"down"`
+	UpSince string `json:"up_since"` // its StartedAt, else when ui saw it up
+	DownAt  string `json:"down_at,omitempty"`
+	TTL     string `json:"ttl"` // the lease's time left, "" until read
+	Labels  string `json:"labels_text"`
+}
+
+// uiElection is an election under --elections: its leader and the
+// candidates in line behind it.
+type uiElection struct {
+	Key    string       `json:"key"`
+	Leader permitInfo   `json:"leader"`
+	Queue  []permitInfo `json:"queue"`
+}
+
+// uiShards is the shard set under --shards.
+type uiShards struct {
+	Prefix  string     `json:"prefix"`
+	Members []uiMember `json:"members"` // by HostUUID
+	Shards  []uiShard  `json:"shards"`  // by name
+	Moving  int        `json:"moving"`  // shards with a move in flight
+}
+
+// uiMember is a member announcement of the shard set.
+type uiMember struct {
+	coord.ShardMember
+	Live bool `json:"live"` // its host is live
+	Owns int  `json:"owns"`
+}
+
+// uiShard is a shard: its owner and standbys, and whether it is moving.
+type uiShard struct {
+	shardInfo
+	// Moving is why the shard is about to change owner, "" if it is not:
+	// a standby in line ranks before the owner (a planned move: the
+	// owner hands over once its Run returns), or the owner's host is
+	// down (a failover: its standby takes over once its lease expires).
+	Moving string `json:"moving,omitempty"`
+}
+
+// uiDownKept is how many down hosts the view keeps.
+const uiDownKept = 64
+
+// uiState is the state the followers of coord ui keep and its pages
+// read. Each change makes a new version and wakes the readers waiting on
+// changed. It is safe for concurrent use.
+type uiState struct {
+	shardsPrefix string
+
+	mu        sync.Mutex
+	version   uint64
+	changed   chan struct{} // closed and replaced at each change
+	hosts     map[string]*uiHostState
+	downs     []string // down hosts, oldest first
+	elections []uiElection
+	shards    []shardInfo
+	members   map[string]coord.ShardMember
+	sems      []semaphoreInfo
+	problems  map[string]string
+}
+
+// uiHostState is what the state knows of a host.
+type uiHostState struct {
+	meta   coord.HostMetadata
+	up     time.Time
+	downAt time.Time // zero while live
+	ttl    string
+}
+
+func newUIState(shardsPrefix string) *uiState {
+	return &uiState{shardsPrefix: shardsPrefix, changed: make(chan struct{}),
+		hosts: map[string]*uiHostState{}, members: map[string]coord.ShardMember{}, problems: map[string]string{}}
+}
+
+// update applies f under the lock and publishes a new version.
+func (s *uiState) update(f func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	f()
+	s.version++
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// problem records what cannot be read of part now; err nil clears it.
+func (s *uiState) problem(part string, err error) {
+	s.mu.Lock()
+	old, had := s.problems[part]
+	s.mu.Unlock()
+	if err == nil && !had || err != nil && had && old == err.Error() {
+		return
+	}
+	s.update(func() {
+		if err == nil {
+			delete(s.problems, part)
+		} else {
+			s.problems[part] = err.Error()
+		}
+	})
+}
+
+// noteHost applies a host event, seen at now.
+func (s *uiState) noteHost(ev coord.HostEvent, now time.Time) {
+	s.update(func() {
+		h := s.hosts[ev.HostUUID]
+		switch {
+		case ev.Kind == coord.HostDown && h != nil:
+			h.meta, h.downAt, h.ttl = ev.Metadata, now, ""
+			s.downs = append(s.downs, ev.HostUUID)
+			if len(s.downs) > uiDownKept {
+				if old := s.hosts[s.downs[0]]; old != nil && !old.downAt.IsZero() {
+					delete(s.hosts, s.downs[0])
+				}
+				s.downs = s.downs[1:]
+			}
+		case ev.Kind == coord.HostDown:
+		case h == nil || !h.downAt.IsZero():
+			s.hosts[ev.HostUUID] = &uiHostState{meta: ev.Metadata, up: now}
+		default:
+			h.meta = ev.Metadata
+		}
+	})
+}
+
+// noteTTLs applies the leases' time left read from etcd (listHosts) to
+// the live hosts the watcher has shown: a host the listing misses, or
+// only it has, waits for the watcher's event.
+func (s *uiState) noteTTLs(hosts []liveHost) {
+	ttls := map[string]string{}
+	for _, h := range hosts {
+		ttls[h.HostUUID] = formatTTL(h)
+	}
+	s.mu.Lock()
+	same := true
+	for id, h := range s.hosts {
+		if ttl, ok := ttls[id]; ok && h.downAt.IsZero() && h.ttl != ttl {
+			same = false
+		}
+	}
+	s.mu.Unlock()
+	if same {
+		return
+	}
+	s.update(func() {
+		for id, h := range s.hosts {
+			if ttl, ok := ttls[id]; ok && h.downAt.IsZero() {
+				h.ttl = ttl
+			}
+		}
+	})
+}
+
+// view returns the current view, and a channel closed at the next change.
+func (s *uiState) view() (uiView, <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v := uiView{Version: s.version, Hosts: []uiHost{}, Elections: s.elections, Semaphores: s.sems, Problems: []string{}}
+	for _, id := range slices.Sorted(maps.Keys(s.hosts)) {
+		h := s.hosts[id]
+		up := h.up
+		if h.meta.StartedAt != 0 {
+			up = time.Unix(0, h.meta.StartedAt)
+		}
+		uh := uiHost{HostMetadata: h.meta, UpSince: up.Format(time.DateTime), TTL: h.ttl, Labels: formatLabels(h.meta.Labels)}
+		if !h.downAt.IsZero() {
+			uh.Down, uh.DownAt, uh.TTL = true, h.downAt.Format(timestamp), "down"
+		}
+		v.Hosts = append(v.Hosts, uh)
+	}
+	v.Shards = s.shardsViewLocked()
+	for _, part := range slices.Sorted(maps.Keys(s.problems)) {
+		v.Problems = append(v.Problems, part+": "+s.problems[part])
+	}
+	return v, s.changed
+}
+
+// liveLocked reports whether host is live as the watcher shows it.
+func (s *uiState) liveLocked(host string) bool {
+	h := s.hosts[host]
+	return h != nil && h.downAt.IsZero()
+}
+
+// shardsViewLocked is the shard set as the view shows it: each shard
+// with its move in flight, if any, judged as the members judge it.
+func (s *uiState) shardsViewLocked() uiShards {
+	v := uiShards{Prefix: s.shardsPrefix, Members: []uiMember{}, Shards: []uiShard{}}
+	owns := map[string]int{}
+	for _, sh := range s.shards {
+		u := uiShard{shardInfo: sh}
+		owns[sh.Owner.Identity]++
+		if !s.liveLocked(sh.Owner.Identity) {
+			u.Moving = "failover: owner down"
+		} else if by := s.outrankedLocked(sh); by != "" {
+			u.Moving = "to " + by
+		}
+		if u.Moving != "" {
+			v.Moving++
+		}
+		v.Shards = append(v.Shards, u)
+	}
+	for _, id := range slices.Sorted(maps.Keys(s.members)) {
+		v.Members = append(v.Members, uiMember{ShardMember: s.members[id], Live: s.liveLocked(id), Owns: owns[id]})
+	}
+	return v
+}
+
+// outrankedLocked returns the standby of sh that ranks before its owner,
+// the best-ranked one, or "" if none does: the owner hands the shard to
+// it. A candidate without a member record ranks as a ShardSet ranks one
+// it has not seen yet: weight 1.
+func (s *uiState) outrankedLocked(sh shardInfo) string {
+	rankOf := func(c shardCandidate) coord.ShardMember {
+		if m, ok := s.members[c.Identity]; ok {
+			return m
+		}
+		return coord.ShardMember{HostUUID: c.Identity, Weight: 1}
+	}
+	line := []coord.ShardMember{rankOf(sh.Owner)}
+	for _, c := range sh.Standbys {
+		line = append(line, rankOf(c))
+	}
+	if best := coord.RankMembers(sh.Shard, line)[0]; best.HostUUID != sh.Owner.Identity {
+		return best.HostUUID
+	}
+	return ""
+}
+
+// decodeElections reads the candidates of the elections under prefix:
+// each key <prefix><name>/<lease> is a candidate of election
+// <prefix><name> (name may hold slashes), in line by create revision.
+func decodeElections(prefix string, kvs []*mvccpb.KeyValue) []uiElection {
+	by := map[string][]*mvccpb.KeyValue{}
+	for _, kv := range kvs {
+		i := strings.LastIndexByte(string(kv.Key), '/')
+		if i < len(prefix) || i == len(kv.Key)-1 {
+			continue // <prefix><lease>, or a key ending in /: no election's
+		}
+		by[string(kv.Key[:i])] = append(by[string(kv.Key[:i])], kv)
+	}
+	out := []uiElection{}
+	for _, key := range slices.Sorted(maps.Keys(by)) {
+		kvs := by[key]
+		slices.SortFunc(kvs, inLine)
+		e := uiElection{Key: key, Queue: []permitInfo{}}
+		for i, kv := range kvs {
+			c := permitInfo{Identity: string(kv.Value), Token: kv.CreateRevision, Lease: fmt.Sprintf("%x", kv.Lease)}
+			if i == 0 {
+				e.Leader = c
+			} else {
+				e.Queue = append(e.Queue, c)
+			}
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// decodeSemaphores reads the semaphores under prefix from its keys, by
+// create revision: a semaphore is a key without a lease that holds a
+// limit (as NewSemaphore stores it), its permits the keys under it, read
+// as coord semaphore reads them.
+func decodeSemaphores(kvs []*mvccpb.KeyValue) []semaphoreInfo {
+	out := []semaphoreInfo{}
+	for _, kv := range kvs {
+		if n, err := strconv.Atoi(string(kv.Value)); kv.Lease != 0 || err != nil || n < 1 {
+			continue
+		}
+		key := string(kv.Key)
+		var permits []*mvccpb.KeyValue
+		for _, p := range kvs {
+			if strings.HasPrefix(string(p.Key), key+"/") {
+				permits = append(permits, p)
+			}
+		}
+		if info, err := decodeSemaphore(key, []*mvccpb.KeyValue{kv}, permits); err == nil {
+			out = append(out, info)
+		}
+	}
+	slices.SortFunc(out, func(a, b semaphoreInfo) int { return strings.Compare(a.Key, b.Key) })
+	return out
+}

@@ -1,0 +1,354 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-coord/coord"
+	"github.com/go-coord/coord/coordtest"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// uiEvil is host metadata that a page that does not escape it would run.
+const uiEvil = `<script>document.title="pwned"</script><img src=x onerror="document.title='pwned'">`
+
+// uiFleet is a fleet for coord ui to show, on an embedded etcd: hosts
+// (one with hostile metadata), an election with a leader and a candidate
+// in line, a ShardSet of two members and a semaphore with a holder and a
+// waiter; and coord ui serving it.
+type uiFleet struct {
+	srv      *coordtest.Server
+	ep       string
+	hosts    map[string]*coord.HostLiveness // by HostUUID
+	leader   *coord.Election                // leads /coord/elections/scheduler as leader-1
+	next     *coord.Election                // in line behind it, as leader-2
+	nextLeds chan error                     // the outcome of next's Campaign
+	ui       *bgCoord
+	url      string // the page's
+}
+
+const uiTestElection = "/coord/elections/scheduler"
+
+func newUIFleet(t *testing.T) *uiFleet {
+	t.Helper()
+	srv, ep, _ := newEtcd(t)
+	f := &uiFleet{srv: srv, ep: ep, hosts: map[string]*coord.HostLiveness{}, nextLeds: make(chan error, 1)}
+	for _, m := range []coord.HostMetadata{
+		{HostUUID: "host-a", Hostname: "node-a", Version: "1.2.3", Labels: map[string]string{"zone": "z1"}},
+		{HostUUID: "host-b", Hostname: "node-b", Labels: map[string]string{"zone": "z2"}},
+		{HostUUID: "host-c", Hostname: "node-c"},
+		{HostUUID: "host-evil", Hostname: uiEvil, Labels: map[string]string{"note": uiEvil}},
+	} {
+		f.hosts[m.HostUUID] = register(t, srv.NewClient(t), m, coord.LivenessOptions{TTL: 5 * time.Second})
+	}
+	ctx := tctx(t)
+	var err error
+	if f.leader, err = coord.NewElection(ctx, srv.NewClient(t), coord.ElectionOptions{Key: uiTestElection}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.leader.Close() })
+	if err := f.leader.Campaign(ctx, "leader-1"); err != nil {
+		t.Fatal(err)
+	}
+	if f.next, err = coord.NewElection(ctx, srv.NewClient(t), coord.ElectionOptions{Key: uiTestElection}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.next.Close(); <-f.nextLeds })
+	go func() { f.nextLeds <- f.next.Campaign(context.Background(), "leader-2") }()
+	f.startShards(t, "host-a", "host-b")
+	f.startSemaphore(t, "sem-1", "sem-2")
+	f.waitKeys(t, uiTestElection+"/", 2)
+	f.ui = startCoord(t, "ui", "--endpoints", ep, "--listen", "127.0.0.1:0")
+	f.ui.waitOutput(t, f.ui.stderr, "serving the fleet's page at ")
+	f.url = strings.Fields(strings.SplitAfter(f.ui.stderr.String(), "page at ")[1])[0]
+	return f
+}
+
+// startShards runs a ShardSet of four shards on the given hosts, and
+// waits until every shard has an owner and a standby.
+func (f *uiFleet) startShards(t *testing.T, hosts ...string) {
+	t.Helper()
+	for _, id := range hosts {
+		set, err := coord.NewShardSet(tctx(t), f.srv.NewClient(t), coord.ShardOptions{
+			Shards: []string{"s1", "s2", "s3", "s4"}, Host: f.hosts[id], TTL: 5 * time.Second, Settle: 10 * time.Millisecond,
+			Run: func(ctx context.Context, s coord.Shard) { <-ctx.Done() },
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { set.Close() })
+	}
+	eventually(t, "every shard owned, with a standby", func() bool {
+		shards, err := listShards(tctx(t), f.srv.Client(), coord.ShardsPrefix, io.Discard)
+		return err == nil && len(shards) == 4 && !slices.ContainsFunc(shards, func(s shardInfo) bool { return len(s.Standbys) != 1 })
+	})
+}
+
+// startSemaphore has the first identity hold the one permit of
+// /coord/semaphores/maintenance, the second wait in line for it.
+func (f *uiFleet) startSemaphore(t *testing.T, holder, waiter string) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for i, id := range []string{holder, waiter} {
+		s, err := coord.NewSemaphore(tctx(t), f.srv.NewClient(t), coord.SemaphoreOptions{Key: "/coord/semaphores/maintenance", Limit: 1, Identity: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() { s.Acquire(context.Background()) }) // until Close
+		t.Cleanup(func() { s.Close(); wg.Wait() })
+		f.waitKeys(t, "/coord/semaphores/maintenance/", i+1)
+	}
+}
+
+// waitKeys waits until n keys are under prefix.
+func (f *uiFleet) waitKeys(t *testing.T, prefix string, n int) {
+	t.Helper()
+	eventually(t, "keys under "+prefix, func() bool {
+		resp, err := f.srv.Client().Get(tctx(t), prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		return err == nil && resp.Count == int64(n)
+	})
+}
+
+// get returns the body of a GET of the page's path.
+func (f *uiFleet) get(t *testing.T, path string) string {
+	t.Helper()
+	resp, err := http.Get(f.url + strings.TrimPrefix(path, "/"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s, %v\n%s", path, resp.Status, err, b)
+	}
+	return string(b)
+}
+
+func TestUI(t *testing.T) {
+	t.Parallel()
+	f := newUIFleet(t)
+
+	t.Run("the first page holds the whole state: hosts, leader, shards, semaphores, metadata escaped", func(t *testing.T) {
+		page := f.get(t, "/")
+		for _, want := range []string{
+			`data-host="host-a"`, "node-a", "1.2.3", "zone=z1", "of 5s", `data-host="host-c"`,
+			`data-election="` + uiTestElection + `"`, `<td class="leader">leader-1</td>`, "leader-2",
+			`data-shard="s1"`, `data-shard="s4"`, `data-member="host-a"`, `data-member="host-b"`,
+			`data-semaphore="/coord/semaphores/maintenance"`, "sem-1 (", "sem-2",
+			"&lt;script&gt;document.title=&#34;pwned&#34;&lt;/script&gt;",
+		} {
+			if !strings.Contains(page, want) {
+				t.Errorf("the page lacks %q", want)
+			}
+		}
+		if strings.Contains(page, "<script>document.title") || strings.Contains(page, "<img src=x") {
+			t.Errorf("the page holds the metadata unescaped:\n%s", page)
+		}
+		if t.Failed() {
+			t.Logf("page:\n%s", page)
+		}
+	})
+
+	t.Run("/state: the view as JSON; every shard owned by a member, none moving", func(t *testing.T) {
+		var v uiView
+		if err := json.Unmarshal([]byte(f.get(t, "/state")), &v); err != nil {
+			t.Fatal(err)
+		}
+		if len(v.Hosts) != 4 || len(v.Elections) != 1 || v.Elections[0].Leader.Identity != "leader-1" ||
+			len(v.Shards.Shards) != 4 || len(v.Shards.Members) != 2 || v.Shards.Moving != 0 || len(v.Semaphores) != 1 {
+			t.Fatalf("view: %+v", v)
+		}
+		for _, s := range v.Shards.Shards {
+			if s.Owner.Identity != "host-a" && s.Owner.Identity != "host-b" {
+				t.Errorf("shard %s: owner %q", s.Shard, s.Owner.Identity)
+			}
+		}
+		if s := v.Semaphores[0]; s.Limit != 1 || len(s.Holders) != 1 || s.Holders[0].Identity != "sem-1" || len(s.Waiters) != 1 {
+			t.Errorf("semaphore: %+v", s)
+		}
+	})
+
+	t.Run("the event stream delivers a Down at once, then a leader change", func(t *testing.T) {
+		ev := openEvents(t, f.url)
+		ev.until(t, "the first view", func(v uiView) bool { return len(v.Hosts) == 4 })
+		start := time.Now()
+		if err := f.hosts["host-c"].Stop(tctx(t)); err != nil {
+			t.Fatal(err)
+		}
+		ev.until(t, "host-c down", func(v uiView) bool { return hostDown(v, "host-c") })
+		t.Logf("host-c: Stop -> down in the event stream %v", time.Since(start))
+		start = time.Now()
+		if err := f.leader.Resign(tctx(t)); err != nil {
+			t.Fatal(err)
+		}
+		ev.until(t, "leader-2 leads", func(v uiView) bool {
+			return len(v.Elections) == 1 && v.Elections[0].Leader.Identity == "leader-2" && len(v.Elections[0].Queue) == 0
+		})
+		t.Logf("Resign -> the new leader in the event stream %v", time.Since(start))
+		if d := time.Since(start); d > time.Second*scale {
+			t.Errorf("the new leader took %v", d)
+		}
+	})
+
+	t.Run("an etcd restart does not wedge it: a change after it shows", func(t *testing.T) {
+		ev := openEvents(t, f.url)
+		ev.until(t, "the first view", func(v uiView) bool { return len(v.Hosts) > 0 })
+		f.srv.Restart()
+		e, err := coord.NewElection(tctx(t), f.srv.NewClient(t), coord.ElectionOptions{Key: "/coord/elections/after-restart"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		if err := e.Campaign(tctx(t), "restarted"); err != nil {
+			t.Fatal(err)
+		}
+		ev.until(t, "the election begun after the restart", func(v uiView) bool {
+			return slices.ContainsFunc(v.Elections, func(e uiElection) bool { return e.Leader.Identity == "restarted" })
+		})
+	})
+
+	t.Run("interrupted, it ends: event streams closed, server shut down", func(t *testing.T) {
+		ev := openEvents(t, f.url)
+		ev.until(t, "the first view", func(v uiView) bool { return true })
+		r := f.ui.stop(t)
+		if r.code != exitOK {
+			t.Fatalf("status %d, stderr %q", r.code, r.stderr)
+		}
+		ev.closed(t)
+		if resp, err := http.Get(f.url); err == nil {
+			resp.Body.Close()
+			t.Fatalf("the page is still served: %s", resp.Status)
+		}
+	})
+}
+
+func hostDown(v uiView, id string) bool {
+	return slices.ContainsFunc(v.Hosts, func(h uiHost) bool { return h.HostUUID == id && h.Down })
+}
+
+// uiEvents is a client of /events: the views it delivers.
+type uiEvents struct {
+	views chan uiView // closed when the stream ends
+	body  io.Closer
+}
+
+func openEvents(t *testing.T, url string) *uiEvents {
+	t.Helper()
+	resp, err := http.Get(url + "events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ct := resp.Header.Get("Content-Type"); resp.StatusCode != http.StatusOK || ct != "text/event-stream" {
+		t.Fatalf("GET /events: %s, %s", resp.Status, ct)
+	}
+	ev := &uiEvents{views: make(chan uiView), body: resp.Body}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	t.Cleanup(func() {
+		close(stop)
+		resp.Body.Close()
+		<-done
+	})
+	go func() {
+		defer close(done)
+		defer close(ev.views)
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(nil, 1<<20)
+		for sc.Scan() {
+			data, ok := strings.CutPrefix(sc.Text(), "data: ")
+			var v uiView
+			if !ok || json.Unmarshal([]byte(data), &v) != nil {
+				continue
+			}
+			select {
+			case ev.views <- v:
+			case <-stop:
+				return
+			}
+		}
+	}()
+	return ev
+}
+
+// until waits, within waitLimit, for a view for which cond holds.
+func (e *uiEvents) until(t *testing.T, what string, cond func(uiView) bool) uiView {
+	t.Helper()
+	deadline := time.After(waitLimit)
+	for {
+		select {
+		case v, ok := <-e.views:
+			if !ok {
+				t.Fatalf("%s: the event stream ended", what)
+			}
+			if cond(v) {
+				return v
+			}
+		case <-deadline:
+			t.Fatalf("%s: not in the event stream within %v", what, waitLimit)
+		}
+	}
+}
+
+// closed waits, within waitLimit, for the stream to end.
+func (e *uiEvents) closed(t *testing.T) {
+	t.Helper()
+	deadline := time.After(waitLimit)
+	for {
+		select {
+		case _, ok := <-e.views:
+			if !ok {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("the event stream still open %v after the command ended", waitLimit)
+		}
+	}
+}
+
+func TestUIShardMoves(t *testing.T) {
+	// Two hosts, both live members; for each shard, the line as etcd
+	// would hold it.
+	st := newUIState(coord.ShardsPrefix)
+	now := time.Now()
+	for _, id := range []string{"h1", "h2"} {
+		st.noteHost(coord.HostEvent{Kind: coord.HostUp, HostUUID: id, Metadata: coord.HostMetadata{HostUUID: id}}, now)
+		st.members[id] = coord.ShardMember{HostUUID: id, Weight: 1}
+	}
+	best := coord.RankHosts("s", []string{"h1", "h2"})
+	line := func(owner, standby string) shardInfo {
+		return shardInfo{Shard: "s", Owner: shardCandidate{Identity: owner}, Standbys: []shardCandidate{{Identity: standby}}}
+	}
+	moving := func() string {
+		st.mu.Lock()
+		defer st.mu.Unlock()
+		v := st.shardsViewLocked()
+		if n := len(v.Shards[0].Moving) / max(1, len(v.Shards[0].Moving)); v.Moving != n {
+			t.Errorf("%d moves in flight, want %d", v.Moving, n)
+		}
+		return v.Shards[0].Moving
+	}
+	st.shards = []shardInfo{line(best[0], best[1])}
+	if m := moving(); m != "" {
+		t.Errorf("owned by the best-ranked member: moving %q", m)
+	}
+	st.shards = []shardInfo{line(best[1], best[0])}
+	if m := moving(); m != "to "+best[0] {
+		t.Errorf("the best-ranked member in line behind the owner: moving %q, want to %s", m, best[0])
+	}
+	st.members[best[0]] = coord.ShardMember{HostUUID: best[0], Weight: 1, Draining: true}
+	if m := moving(); m != "" {
+		t.Errorf("the member in line drains: moving %q", m)
+	}
+	st.noteHost(coord.HostEvent{Kind: coord.HostDown, HostUUID: best[1], Metadata: coord.HostMetadata{HostUUID: best[1]}}, now)
+	if m := moving(); m != "failover: owner down" {
+		t.Errorf("the owner's host down: moving %q", m)
+	}
+}

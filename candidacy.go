@@ -253,14 +253,19 @@ func (c *candidacy) deleteCandidate(ctx context.Context, s *session, key string,
 }
 
 // waitTurn waits until fewer than limit candidates created before rev
-// remain, and returns the revision at which we hold.
+// remain, and returns the revision at which we hold. It reads the nearest
+// limit+1 candidates ahead of us: when fewer come back, they are all of
+// them, and since keys ahead only ever go (a key put again keeps its
+// place, one created again is behind us), the deletes that the watch
+// brings are enough to know when we hold, without reading again: the
+// next in line holds on the event that frees its place.
 func (c *candidacy) waitTurn(ctx context.Context, s *session, key string, rev int64) (int64, error) {
 	wctx, cancel := withCancelOn(ctx, s.ctx)
 	defer cancel()
 	var r retry
 	for {
 		resp, err := c.cli.Txn(wctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", rev)).
-			Then(clientv3.OpGet(c.prefix, append(top(c.limit, clientv3.SortDescend), clientv3.WithMaxCreateRev(rev-1))...)).
+			Then(clientv3.OpGet(c.prefix, append(top(c.limit+1, clientv3.SortDescend), clientv3.WithMaxCreateRev(rev-1))...)).
 			Commit()
 		switch {
 		case s.ctx.Err() != nil:
@@ -270,35 +275,59 @@ func (c *candidacy) waitTurn(ctx context.Context, s *session, key string, rev in
 		case !resp.Succeeded:
 			return 0, fmt.Errorf("%w: our candidate key was deleted", ErrLeadershipLost)
 		}
-		ahead := resp.Responses[0].GetResponseRange().Kvs
-		if int64(len(ahead)) < c.limit {
+		kvs := resp.Responses[0].GetResponseRange().Kvs
+		if int64(len(kvs)) < c.limit {
 			return resp.Header.Revision, nil
 		}
-		c.log.Debug("coord: "+c.words.ask+" waits for its turn", "token", rev, "behind", string(ahead[0].Key))
-		// Limit candidates are ahead: wait for any delete under the prefix
-		// (theirs, or ours by someone else), then look again. A watch that
-		// breaks without news is retried with backoff, not at once.
-		if c.waitDelete(wctx, resp.Header.Revision+1) {
+		c.log.Debug("coord: "+c.words.ask+" waits for its turn", "token", rev, "behind", string(kvs[0].Key))
+		var ahead map[string]bool // the keys ahead of ours, if we read them all: limit of them
+		if int64(len(kvs)) == c.limit {
+			ahead = map[string]bool{}
+			for _, kv := range kvs {
+				ahead[string(kv.Key)] = true
+			}
+		}
+		// Wait for a delete under the prefix (ahead of us, or ours by
+		// someone else), then look again, unless it tells that we hold.
+		// A watch that breaks without news is retried with backoff, not
+		// at once.
+		hdr, news := c.waitDelete(wctx, resp.Header.Revision+1, key, ahead)
+		switch {
+		case hdr != 0:
+			return hdr, nil
+		case news:
 			r = retry{}
-		} else {
+		default:
 			sleep(wctx, r.next())
 		}
 	}
 }
 
-// waitDelete waits for a delete under the prefix from rev on, and reports
-// whether it saw one (false: the watch broke or ctx ended).
-func (c *candidacy) waitDelete(ctx context.Context, rev int64) bool {
+// waitDelete waits for a delete under the prefix from rev on that may
+// give us our turn, and reports whether it saw one (false: the watch
+// broke or ctx ended). With ahead, the limit keys that are all those
+// ahead of ours (key), it returns the revision of the first delete of one
+// of them, from which on we hold, and goes on past deletes of keys behind
+// ours; our key deleted is news too.
+func (c *candidacy) waitDelete(ctx context.Context, rev int64, key string, ahead map[string]bool) (hdr int64, news bool) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	news := false
 	for wr := range c.cli.Watch(ctx, c.prefix, clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithRev(rev)) {
-		news = len(wr.Events) > 0
-		if news || wr.Err() != nil {
+		for _, ev := range wr.Events {
+			k := string(ev.Kv.Key)
+			switch {
+			case ahead == nil || k == key:
+				return 0, true
+			case ahead[k]:
+				// limit were ahead: one fewer now.
+				return ev.Kv.ModRevision, true
+			}
+		}
+		if wr.Err() != nil {
 			break
 		}
 	}
-	return news
+	return 0, false
 }
 
 // takeLead makes us hold with our key at rev, from revision hdr on. A

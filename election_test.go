@@ -378,6 +378,7 @@ func etHookedClient(t *testing.T, cfg clientv3.Config) (*clientv3.Client, *etHoo
 }
 
 func TestElectionCampaign(t *testing.T) {
+	t.Parallel() // bound by waits: see "Parallel tests" in helpers_test.go
 	t.Run("Campaign makes us leader and Leader returns our identity", func(t *testing.T) {
 		_, cli := newEtcd(t)
 		ctx := testCtx(t)
@@ -765,6 +766,7 @@ func TestElectionTryCampaign(t *testing.T) {
 }
 
 func TestElectionResign(t *testing.T) {
+	t.Parallel() // bound by waits: see "Parallel tests" in helpers_test.go
 	t.Run("Resign ends leadership and a waiting candidate takes over", func(t *testing.T) {
 		_, cli, a, b := etRivals(t)
 		ctx := testCtx(t)
@@ -1237,6 +1239,7 @@ func TestElectionInterop(t *testing.T) {
 }
 
 func TestElectionClose(t *testing.T) {
+	t.Parallel() // bound by waits: see "Parallel tests" in helpers_test.go
 	t.Run("Close is idempotent, resigns and releases the session", func(t *testing.T) {
 		_, cli, a, b := etRivals(t)
 		l, done := a.current(), a.Done()

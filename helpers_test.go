@@ -22,13 +22,16 @@ import (
 // waits on events; nothing sleeps for a fixed time.
 var scale = testenv.Scale()
 
-// Parallel tests: the longest tests of the package (each over 20 s under
-// emulation: the step-down shapes, the models, the shard handovers) call
-// t.Parallel, so they run after the others, two at a time (go test's
-// -parallel is GOMAXPROCS), while their etcd leases run out. Each has its
-// own etcd and clients, and none reads the log or signals of another; the
-// rest of the suite stays sequential, so a test that counts goroutines
-// (goleak.VerifyNone) sees only its own.
+// Parallel tests: the tests of the package bound by waits (each over 4 s
+// under emulation: the step-down shapes, the models, the shard handovers,
+// the elections' and the watchers' longer ones) call t.Parallel, so they
+// run after the others, two at a time (go test's -parallel is GOMAXPROCS;
+// .ci/cross gives 4 under emulation), while their etcd leases run out.
+// Each has its own etcd and clients, and none reads the log or signals of
+// another; the rest of the suite stays sequential, so a test that counts
+// goroutines (goleak.VerifyNone) sees only its own, and the tests that
+// stop etcd or a cluster's members (faults_cluster_test.go) are not slowed
+// by the others.
 
 // patience bounds any single wait of a test.
 func patience() time.Duration { return 15 * time.Second * scale }

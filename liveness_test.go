@@ -367,6 +367,7 @@ func TestHostLivenessHeals(t *testing.T) {
 }
 
 func TestHostLivenessOwnership(t *testing.T) {
+	t.Parallel() // bound by waits: see "Parallel tests" in helpers_test.go
 	t.Run("a second owner waits out the live holder and gets ErrHostExists", func(t *testing.T) {
 		_, cli := newEtcd(t)
 		first := register(t, cli, "a", LivenessOptions{})

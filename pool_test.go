@@ -89,6 +89,7 @@ func ptKeys(n int) []string {
 }
 
 func TestElectionPool(t *testing.T) {
+	t.Parallel() // bound by waits: see "Parallel tests" in helpers_test.go
 	t.Run("elections share sessions, at most KeysPerSession on one lease", func(t *testing.T) {
 		_, cli := newEtcd(t)
 		p := ptPool(t, cli, PoolOptions{TTL: 2 * time.Second, KeysPerSession: 2})

@@ -626,6 +626,7 @@ func TestRankHosts(t *testing.T) {
 }
 
 func TestShardSpread(t *testing.T) {
+	t.Parallel() // bound by waits: see "Parallel tests" in helpers_test.go
 	_, l, shards, hosts := shFleet(t, 64, 4)
 	shStartAll(t, l, hosts, ShardOptions{Shards: shards})
 	mean := float64(len(shards)) / float64(len(hosts))
@@ -738,6 +739,7 @@ func shSettleCandidates(t *testing.T, cli *clientv3.Client, shards []string, hos
 }
 
 func TestShardReplicas(t *testing.T) {
+	t.Parallel() // bound by waits: see "Parallel tests" in helpers_test.go
 	for _, replicas := range []int{1, 2} {
 		name := fmt.Sprintf("Replicas %d: the top %d live hosts of each shard campaign, and a host pushed out withdraws", replicas, replicas)
 		t.Run(name, func(t *testing.T) {
@@ -782,6 +784,7 @@ func TestShardReplicas(t *testing.T) {
 }
 
 func TestShardMovement(t *testing.T) {
+	t.Parallel() // bound by waits: see "Parallel tests" in helpers_test.go
 	srv, _ := newEtcd(t)
 	l := newShLedger()
 	tap, tlog := newLogTap()
@@ -904,6 +907,7 @@ func (d *shDrainer) alone(when string) {
 }
 
 func TestShardDrain(t *testing.T) {
+	t.Parallel() // bound by waits: see "Parallel tests" in helpers_test.go
 	srv, _ := newEtcd(t)
 	l := newShLedger()
 	const shard = "drained"
@@ -1036,6 +1040,7 @@ func TestShardPartition(t *testing.T) {
 }
 
 func TestShardSet(t *testing.T) {
+	t.Parallel() // bound by waits: see "Parallel tests" in helpers_test.go
 	t.Run("a host not registered owns nothing until it is, and lets go of everything when its registration ends", testShardNotRegistered)
 	t.Run("a campaign won while a better-ranked host is in line hands over at once, without Run", testShardHandOverAtOnce)
 	t.Run("a better-ranked candidacy ahead of ours in line, still in our view, is no reason to hand over; one behind ours is", testShardAheadInLine)

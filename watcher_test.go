@@ -26,6 +26,7 @@ import (
 // TestHostWatcherSnapshot covers the list a watcher starts from, and how it
 // hands over to the watch.
 func TestHostWatcherSnapshot(t *testing.T) {
+	t.Parallel() // bound by waits: see "Parallel tests" in helpers_test.go
 	t.Run("replays existing hosts as synthetic Up then Synced", func(t *testing.T) {
 		_, cli := newEtcd(t)
 		ctx, prefix := testCtx(t), prefixFor(t)

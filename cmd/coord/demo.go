@@ -586,20 +586,20 @@ func (d *demo) onShardSignal(sig coord.Signal) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if sig.Kind == coord.SignalShardReleased {
-		if d.running[sig.Key] == a {
-			delete(d.running, sig.Key)
+		if d.running[sig.Shard] == a {
+			delete(d.running, sig.Shard)
 		}
-		d.returned[sig.Key] = now
+		d.returned[sig.Shard] = now
 		return
 	}
-	if r := d.running[sig.Key]; r != nil && d.overlap == nil {
-		d.overlap = fmt.Errorf("%s: %s started it while %s still ran it", sig.Key, a.name, r.name)
+	if r := d.running[sig.Shard]; r != nil && d.overlap == nil {
+		d.overlap = fmt.Errorf("%s: %s started it while %s still ran it", sig.Shard, a.name, r.name)
 	}
-	d.running[sig.Key] = a
-	if from := d.lastRun[sig.Key]; from != nil && from != a {
-		d.moves = append(d.moves, shardMove{sig.Key, from, a, now.Sub(d.returned[sig.Key]), now})
+	d.running[sig.Shard] = a
+	if from := d.lastRun[sig.Shard]; from != nil && from != a {
+		d.moves = append(d.moves, shardMove{sig.Shard, from, a, now.Sub(d.returned[sig.Shard]), now})
 	}
-	d.lastRun[sig.Key] = a
+	d.lastRun[sig.Shard] = a
 }
 
 func (d *demo) moveCount() int {

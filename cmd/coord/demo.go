@@ -682,7 +682,7 @@ func (d *demo) settle(ctx context.Context, live []*demoAgent) (map[string]*demoA
 // placed says how the shards differ from want, by shard the HostUUIDs of
 // its candidates, the owner first: "" if they do not.
 func (d *demo) placed(ctx context.Context, want map[string][]string) (string, error) {
-	infos, err := listShards(ctx, d.cli, coord.ShardsPrefix, io.Discard)
+	infos, err := listShards(ctx, d.cli, coord.ShardsPrefix, coord.HostsPrefix, io.Discard)
 	if err != nil {
 		return "", err
 	}

@@ -23,11 +23,12 @@ import (
 // leadership is one term holding a place of a line: an election's
 // leadership, or a permit. Its ctx's cause says why it ended.
 type leadership struct {
-	key    string
-	rev    int64    // create revision of key: the fencing token
-	sess   *session // the session whose lease the key is attached to
-	ctx    context.Context
-	cancel context.CancelCauseFunc
+	key      string
+	rev      int64    // create revision of key: the fencing token
+	identity string   // what the term was gained as
+	sess     *session // the session whose lease the key is attached to
+	ctx      context.Context
+	cancel   context.CancelCauseFunc
 }
 
 // Why a term whose key was deleted ended.
@@ -349,14 +350,14 @@ func (c *candidacy) takeLead(ctx context.Context, s *session, key string, rev, h
 		end(nil)
 		return nil, fmt.Errorf("%w: session not renewed: %w", ErrLeadershipLost, context.Cause(wctx))
 	}
-	l := &leadership{key: key, rev: rev, sess: s, ctx: lctx, cancel: end}
+	l := &leadership{key: key, rev: rev, identity: identity, sess: s, ctx: lctx, cancel: end}
 	if c.held != nil {
 		c.held(l)
 	}
 	c.wg.Add(1)
 	go c.monitor(l, hdr)
 	c.log.Info("coord: "+c.words.gained, "token", rev, "identity", identity)
-	emit(c.signal, Signal{Kind: c.words.onGain, Key: c.key, Token: rev})
+	emit(c.signal, Signal{Kind: c.words.onGain, Key: c.key, Identity: identity, Token: rev})
 	return l, nil
 }
 
@@ -425,7 +426,10 @@ func (c *candidacy) release(l *leadership, why error, verb string, err *error) <
 // the session's end, Resign, Release and Close end it through l.ctx.
 func (c *candidacy) monitor(l *leadership, rev int64) {
 	defer c.wg.Done()
-	defer emit(c.signal, Signal{Kind: c.words.onEnd, Key: c.key, Token: l.rev})
+	// Emitted once l.ctx has ended: its cause is why.
+	defer func() {
+		emit(c.signal, Signal{Kind: c.words.onEnd, Key: c.key, Identity: l.identity, Token: l.rev, Err: termErr(l, false)})
+	}()
 	wch := c.cli.Watch(clientv3.WithRequireLeader(l.ctx), l.key, clientv3.WithRev(rev+1))
 	var r retry
 	for {

@@ -241,6 +241,67 @@ func ExampleElection_Campaign() {
 	// no leader: true
 }
 
+// The campaign loop of an agent: leadership ends (here, an operator
+// deletes the leader key), the work of that term stops, and the agent
+// queues again, leading anew with a higher fencing token.
+func ExampleElection_Campaign_again() {
+	cli, stop := exampleEtcd()
+	defer stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	e, err := coord.NewElection(ctx, cli, coord.ElectionOptions{Key: "/coord/elections/scheduler", TTL: time.Second})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer e.Close()
+	// The leader's work, each of its writes under guard, until ctx ends.
+	schedule := func(ctx context.Context, guard clientv3.Cmp) { <-ctx.Done() }
+	terms := make(chan int64) // each term's token, for the example to follow
+	go func() {
+		defer close(terms)
+		for {
+			if err := e.Campaign(ctx, "node-1"); err != nil {
+				fmt.Println("no longer campaigning:", errors.Is(err, coord.ErrClosed))
+				return
+			}
+			work, stop := context.WithCancel(ctx)
+			go schedule(work, e.Guard())
+			terms <- e.Token()
+			select {
+			case <-e.Done():
+				fmt.Println("leadership ended:", e.Err())
+			case <-ctx.Done():
+			}
+			stop()
+		}
+	}()
+	next := func() int64 {
+		select {
+		case token := <-terms:
+			return token
+		case <-time.After(exampleWait):
+			log.Fatal("no new term")
+		}
+		panic("unreachable")
+	}
+	first := next()
+	if _, err := cli.Delete(ctx, "/coord/elections/scheduler/", clientv3.WithPrefix()); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("leads again, with a higher token:", next() > first)
+	e.Close()
+	_, open := <-terms
+	fmt.Println("loop returned:", !open)
+
+	// Output:
+	// leadership ended: coord: leadership lost: leader key deleted
+	// leads again, with a higher token: true
+	// leadership ended: coord: closed
+	// no longer campaigning: true
+	// loop returned: true
+}
+
 func ExampleElection_Observe() {
 	cli, stop := exampleEtcd()
 	defer stop()

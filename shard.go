@@ -772,7 +772,8 @@ func (s *ShardSet) hold(w *shardWorker, e *Election, term context.Context) error
 		return nil
 	}
 	w.log.Info("coord: shard acquired", "token", sh.Token)
-	emit(s.opts.OnSignal, Signal{Kind: SignalShardAcquired, Host: s.opts.Self, Key: w.name, Token: sh.Token})
+	emit(s.opts.OnSignal, Signal{Kind: SignalShardAcquired, Key: w.key, Host: s.opts.Self,
+		Identity: s.opts.Self, Shard: w.name, Token: sh.Token})
 	ran := make(chan struct{})
 	go func() {
 		defer s.runs.Done()
@@ -794,7 +795,8 @@ func (s *ShardSet) hold(w *shardWorker, e *Election, term context.Context) error
 	s.reconcileLocked(w.name) // draining, we want it no more
 	s.mu.Unlock()
 	w.log.Info("coord: shard released", "token", sh.Token, "drain", drain, "why", cause)
-	emit(s.opts.OnSignal, Signal{Kind: SignalShardReleased, Host: s.opts.Self, Key: w.name, Token: sh.Token, Drain: drain, Err: cause})
+	emit(s.opts.OnSignal, Signal{Kind: SignalShardReleased, Key: w.key, Host: s.opts.Self,
+		Identity: s.opts.Self, Shard: w.name, Token: sh.Token, Drain: drain, Err: cause})
 	if cause == nil {
 		return errRunReturned
 	}

@@ -112,7 +112,7 @@ func testShardTakenOver(t *testing.T) {
 	}
 	for _, ev := range rel {
 		if !errors.Is(ev.Err, ErrHostGone) {
-			t.Fatalf("released %s because %v, want ErrHostGone", ev.Key, ev.Err)
+			t.Fatalf("released %s because %v, want ErrHostGone", ev.Shard, ev.Err)
 		}
 	}
 	s2 := shSet(t, ncli, "a", l, ShardOptions{Shards: shards, Host: reg})
@@ -146,7 +146,7 @@ func testShardDrain(t *testing.T) {
 	shSettle(t, l, shards, rest, hosts)
 	for _, ev := range l.since(mark, SignalShardReleased) {
 		if ev.Host == drainer.id && !errors.Is(ev.Err, errBetterHost) {
-			t.Fatalf("the drainer released %s because %v, want handed to a better-ranked member", ev.Key, ev.Err)
+			t.Fatalf("the drainer released %s because %v, want handed to a better-ranked member", ev.Shard, ev.Err)
 		}
 	}
 	if n := len(l.since(mark, SignalShardReleased)); n < owned {

@@ -456,7 +456,7 @@ func (m *shModel) noBystanderWrite(ws []shWrite) {
 	defer m.l.mu.Unlock()
 	for _, ev := range m.l.events {
 		if !members[ev.Host] {
-			m.t.Fatalf("signal %v of %s by %s, no member", ev.Kind, ev.Key, ev.Host)
+			m.t.Fatalf("signal %v of %s by %s, no member", ev.Kind, ev.Shard, ev.Host)
 		}
 	}
 }

@@ -143,7 +143,7 @@ func (l *shLedger) held() map[[2]string]bool {
 	defer l.mu.Unlock()
 	out := map[[2]string]bool{}
 	for _, ev := range l.events {
-		out[[2]string{ev.Host, ev.Key}] = ev.Kind == SignalShardAcquired
+		out[[2]string{ev.Host, ev.Shard}] = ev.Kind == SignalShardAcquired
 	}
 	return out
 }
@@ -175,7 +175,7 @@ func (l *shLedger) waitEvent(t *testing.T, i int, kind SignalKind, host, shard s
 	var found shEvent
 	l.until(t, fmt.Sprintf("%v of %s by %s", kind, shard, host), func() bool {
 		for _, ev := range l.since(i, kind) {
-			if ev.Host == host && ev.Key == shard {
+			if ev.Host == host && ev.Shard == shard {
 				found = ev
 				return true
 			}
@@ -653,13 +653,13 @@ func shMoves(t *testing.T, l *shLedger, mark int, from, to map[string]string, wh
 	}
 	acq, rel := l.since(mark, SignalShardAcquired), l.since(mark, SignalShardReleased)
 	for _, ev := range acq {
-		if from[ev.Key] == to[ev.Key] || ev.Host != to[ev.Key] {
-			t.Fatalf("%s acquired %s, which moved from %s to %s", ev.Host, ev.Key, from[ev.Key], to[ev.Key])
+		if from[ev.Shard] == to[ev.Shard] || ev.Host != to[ev.Shard] {
+			t.Fatalf("%s acquired %s, which moved from %s to %s", ev.Host, ev.Shard, from[ev.Shard], to[ev.Shard])
 		}
 	}
 	for _, ev := range rel {
-		if from[ev.Key] == to[ev.Key] || ev.Host != from[ev.Key] || !errors.Is(ev.Err, why) {
-			t.Fatalf("%s released %s (%v), which moved from %s to %s", ev.Host, ev.Key, ev.Err, from[ev.Key], to[ev.Key])
+		if from[ev.Shard] == to[ev.Shard] || ev.Host != from[ev.Shard] || !errors.Is(ev.Err, why) {
+			t.Fatalf("%s released %s (%v), which moved from %s to %s", ev.Host, ev.Shard, ev.Err, from[ev.Shard], to[ev.Shard])
 		}
 	}
 	if len(acq) != len(moved) || len(rel) != len(moved) {
@@ -857,14 +857,14 @@ func TestShardFailover(t *testing.T) {
 		t.Fatalf("failover p99 %v, want within TTL + 1s = %v", p99, ttl+time.Second*scale)
 	}
 	for _, ev := range l.since(mark, SignalShardAcquired) {
-		if !slices.Contains(lost, ev.Key) {
-			t.Fatalf("%s acquired %s, which the crashed host did not own", ev.Host, ev.Key)
+		if !slices.Contains(lost, ev.Shard) {
+			t.Fatalf("%s acquired %s, which the crashed host did not own", ev.Host, ev.Shard)
 		}
 	}
 	// The crashed host's shard set saw its client closed: its Runs ended.
 	for _, ev := range l.since(mark, SignalShardReleased) {
 		if ev.Host != victim.id || !errors.Is(ev.Err, ErrClientClosed) {
-			t.Fatalf("%s released %s because %v", ev.Host, ev.Key, ev.Err)
+			t.Fatalf("%s released %s because %v", ev.Host, ev.Shard, ev.Err)
 		}
 	}
 	if got := victim.set.Owned(); len(got) != 0 {
@@ -1076,7 +1076,7 @@ func testShardNotRegistered(t *testing.T) {
 	l.until(t, "every shard released", func() bool { return len(l.since(mark, SignalShardReleased)) == len(shards) })
 	for _, ev := range l.since(mark, SignalShardReleased) {
 		if !errors.Is(ev.Err, errNotLive) {
-			t.Fatalf("released %s because %v, want errNotLive", ev.Key, ev.Err)
+			t.Fatalf("released %s because %v, want errNotLive", ev.Shard, ev.Err)
 		}
 	}
 	etWaitCount(t, cli, ShardsPrefix, 1, clientv3.WithPrefix()) // the member key

@@ -10,20 +10,26 @@ import (
 // SignalKind says what a Signal reports.
 type SignalKind int
 
-// The kinds of signals.
+// The kinds of signals. Each says which fields it sets, after the
+// convention of Signal.
 const (
 	// SignalRegistered: a host registration holds its key under Lease;
 	// Attempt is 0 for the first registration, the heal attempt after.
 	SignalRegistered SignalKind = iota
 	// SignalHealAttempt: a heal attempt failed with Err and will be retried.
 	SignalHealAttempt
-	// SignalRegistrationEnded: a registration ended for good; Err is nil
-	// after Stop.
+	// SignalRegistrationEnded: a registration ended for good; Err is why,
+	// as HostLiveness.Err says it: nil after Stop, ErrHostExists when
+	// taken over, ErrClientClosed, a refusal.
 	SignalRegistrationEnded
-	// SignalLeadershipGained: we lead election Key with fencing Token.
+	// SignalLeadershipGained: we lead election Key as Identity with
+	// fencing Token.
 	SignalLeadershipGained
-	// SignalLeadershipLost: our leadership of Key with Token ended, for
-	// any reason (Resign, expiry, step-down, key deleted, Close).
+	// SignalLeadershipLost: our leadership of Key with Token ended; Err is
+	// why, as Election.Err says it: ErrResigned, ErrClosed,
+	// ErrClientClosed, or ErrLeadershipLost wrapping the cause (renewals
+	// unanswered, lease expired or revoked, key deleted or written off our
+	// lease).
 	SignalLeadershipLost
 	// SignalWatcherResync: a watcher re-listed its prefix (Key) after its
 	// watch broke, or caught up a consumer that fell behind; Count is the
@@ -32,23 +38,24 @@ const (
 	// SignalEventDelivered: a watcher of Key handed an event of kind Event
 	// about Host to its consumer.
 	SignalEventDelivered
-	// SignalShardAcquired: we (Host) own shard Key with fencing Token;
-	// its Run starts.
+	// SignalShardAcquired: we (Host) own Shard, whose election is Key,
+	// with fencing Token; its Run starts.
 	SignalShardAcquired
-	// SignalShardReleased: our (Host's) Run of shard Key with Token
-	// returned; Drain is how long it took after its ctx ended, Err why
-	// that ctx ended (nil if Run returned first). The shard is handed
-	// over next.
+	// SignalShardReleased: our (Host's) Run of Shard with Token returned;
+	// Drain is how long it took after its ctx ended, Err why that ctx
+	// ended, as context.Cause of Run's ctx says it (nil if Run returned
+	// first). The shard is handed over next.
 	SignalShardReleased
 	// SignalWatcherListingCompacted: a watcher's paged listing of Key was
 	// compacted away Count times in a row (etcd compacts faster than the
 	// pages come); it lists the prefix in one read instead.
 	SignalWatcherListingCompacted
-	// SignalPermitAcquired: we hold a permit of semaphore Key with
-	// fencing Token.
+	// SignalPermitAcquired: we hold a permit of semaphore Key as Identity
+	// with fencing Token.
 	SignalPermitAcquired
-	// SignalPermitReleased: our permit of semaphore Key with Token ended,
-	// for any reason (Release, expiry, step-down, key deleted, Close).
+	// SignalPermitReleased: our permit of semaphore Key with Token ended;
+	// Err is why, as Permit.Err says it: ErrReleased, ErrClosed,
+	// ErrClientClosed, or ErrLeadershipLost wrapping the cause.
 	SignalPermitReleased
 )
 
@@ -67,18 +74,38 @@ func (k SignalKind) String() string {
 // A Signal reports a state change or a count, for an agent's metrics: set
 // OnSignal in the options of what you build to receive them, and feed
 // Prometheus, OpenTelemetry or anything else from there — coord imports
-// none of them. Only the fields that make sense for the Kind are set.
+// none of them.
+//
+// Every kind follows one convention:
+//   - Key is always the full etcd key or prefix of what the signal is
+//     about: a registration's host key, a watcher's prefix, an election's
+//     or semaphore's key, a shard's election key (ShardOptions.Prefix +
+//     name; Shard holds the bare name).
+//   - Host is the HostUUID of the host the signal is about wherever coord
+//     knows one: the registration's, the host of a delivered event, the
+//     ShardSet's own. Elections and semaphores know no HostUUID, and a
+//     watcher's resyncs are about its whole prefix: Host is empty there.
+//   - A term (a leadership, a permit, a shard's ownership) carries its
+//     fencing Token and the Identity it was gained as (a ShardSet's is
+//     its HostUUID).
+//   - A signal that says something failed or ended carries the cause in
+//     Err, as the object's Err says it; nil only where that is nil (a
+//     registration stopped, a Run that returned by itself).
+//
+// Fields that do not apply to a kind are left zero.
 type Signal struct {
-	Kind    SignalKind
-	Host    string           // host UUID
-	Key     string           // host key, election or semaphore key, watched prefix, or shard name
-	Lease   clientv3.LeaseID // lease of a registration
-	Token   int64            // fencing token of a leadership or a permit
-	Attempt int              // heal attempt
-	Count   int              // synthetic events of a resync; listings compacted away
-	Event   HostEventKind    // kind of a delivered event
-	Err     error            // why, where there is a why
-	Drain   time.Duration    // how long a shard's Run took to return after its ctx ended
+	Kind     SignalKind
+	Key      string           // the full etcd key or prefix the signal is about
+	Host     string           // the HostUUID it is about, where coord knows one
+	Identity string           // the identity a term was gained as
+	Shard    string           // the shard's name
+	Lease    clientv3.LeaseID // lease of a registration
+	Token    int64            // fencing token of a term
+	Attempt  int              // heal attempt
+	Count    int              // synthetic events of a resync; listings compacted away
+	Event    HostEventKind    // kind of a delivered event
+	Err      error            // why it failed or ended
+	Drain    time.Duration    // how long a shard's Run took to return after its ctx ended
 }
 
 // emit hands s to fn, if there is one. fn runs on coord's goroutines: it

@@ -232,7 +232,7 @@ func (d *demo) electionAct(ctx context.Context, leader, next, last *demoAgent) e
 	if err := leader.elect.Campaign(ctx, ""); err != nil {
 		return fmt.Errorf("%s: %w", leader.name, err)
 	}
-	d.log.printf(leader.name, "leads %s (fencing token %d: etcd's revision of the leader key, rising with each leader)", demoElection, leader.elect.Token())
+	d.log.printf(leader.name, "leads %s (fencing token %d: etcd's revision of the leader key, rising with each leader; a write guarded by it fails once another leads)", demoElection, leader.elect.Token())
 	// One at a time, so that the queue, and the successor, are known.
 	d.campaign(ctx, next)
 	if err := d.waitCandidates(ctx, 2); err != nil {
@@ -251,6 +251,7 @@ func (d *demo) electionAct(ctx context.Context, leader, next, last *demoAgent) e
 // reports when the watcher saw it down.
 func (d *demo) hostCrashAct(ctx context.Context, a *demoAgent) error {
 	d.log.printf("demo", "--- %s crashes: its process dies, its lease is left to expire (TTL %v)", a.name, a.live.TTL())
+	d.log.printf("demo", "    a lease counts its TTL from its last renewal, which came before the crash: Down can come a little under the TTL after it")
 	d.crash(a)
 	if err := d.await(ctx, a.down, a.name+" seen down"); err != nil {
 		return err
@@ -343,7 +344,7 @@ func (d *demo) summary() {
 	d.mu.Lock()
 	lines := d.results
 	d.mu.Unlock()
-	d.log.printf("demo", "summary (lease and session TTL %v; etcd checks expiries every 500 ms):", demoTTL)
+	d.log.printf("demo", "summary (lease and session TTL %v, counted from the last renewal before a crash; etcd checks expiries every 500 ms):", demoTTL)
 	width := 0
 	for _, l := range lines {
 		width = max(width, len(l.what))
@@ -586,20 +587,20 @@ func (d *demo) onShardSignal(sig coord.Signal) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if sig.Kind == coord.SignalShardReleased {
-		if d.running[sig.Key] == a {
-			delete(d.running, sig.Key)
+		if d.running[sig.Shard] == a {
+			delete(d.running, sig.Shard)
 		}
-		d.returned[sig.Key] = now
+		d.returned[sig.Shard] = now
 		return
 	}
-	if r := d.running[sig.Key]; r != nil && d.overlap == nil {
-		d.overlap = fmt.Errorf("%s: %s started it while %s still ran it", sig.Key, a.name, r.name)
+	if r := d.running[sig.Shard]; r != nil && d.overlap == nil {
+		d.overlap = fmt.Errorf("%s: %s started it while %s still ran it", sig.Shard, a.name, r.name)
 	}
-	d.running[sig.Key] = a
-	if from := d.lastRun[sig.Key]; from != nil && from != a {
-		d.moves = append(d.moves, shardMove{sig.Key, from, a, now.Sub(d.returned[sig.Key]), now})
+	d.running[sig.Shard] = a
+	if from := d.lastRun[sig.Shard]; from != nil && from != a {
+		d.moves = append(d.moves, shardMove{sig.Shard, from, a, now.Sub(d.returned[sig.Shard]), now})
 	}
-	d.lastRun[sig.Key] = a
+	d.lastRun[sig.Shard] = a
 }
 
 func (d *demo) moveCount() int {
@@ -682,7 +683,7 @@ func (d *demo) settle(ctx context.Context, live []*demoAgent) (map[string]*demoA
 // placed says how the shards differ from want, by shard the HostUUIDs of
 // its candidates, the owner first: "" if they do not.
 func (d *demo) placed(ctx context.Context, want map[string][]string) (string, error) {
-	infos, err := listShards(ctx, d.cli, coord.ShardsPrefix, io.Discard)
+	infos, err := listShards(ctx, d.cli, coord.ShardsPrefix, coord.HostsPrefix, io.Discard)
 	if err != nil {
 		return "", err
 	}

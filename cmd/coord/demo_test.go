@@ -61,6 +61,8 @@ func checkDemoLines(t *testing.T, out string) {
 	for _, want := range []string{
 		"up   node-1", "up   node-4",
 		"node-1   leads /coord/elections/scheduler",
+		": etcd's revision of the leader key, rising with each leader",
+		"a lease counts its TTL from its last renewal, which came before the crash",
 		"down node-4", "down node-1", "down node-3",
 		"node-2   leads /coord/elections/scheduler",
 		"down node-2",

@@ -65,8 +65,9 @@ func cmdCampaign(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	c := newCmdFlags("campaign", "KEY IDENTITY", `Campaign in election KEY as IDENTITY, wait to lead, and hold leadership
 until interrupted (Ctrl-C, SIGTERM); then resign, so the next candidate
 leads at once. A line is printed when leadership is gained and when it ends.
-Exits with status 1 if leadership is lost (e.g. the session expired while
-etcd was unreachable); an interrupt before or while leading exits with 0.`, true)
+Exits with status 1 if leadership is lost, saying why (the leader key
+deleted, the lease expired or revoked, renewals unanswered while etcd was
+unreachable); an interrupt before or while leading exits with 0.`, true)
 	ttl := c.Duration("ttl", coord.DefaultElectionTTL, "TTL of the campaign's session: a whole number of seconds.\nIf this process dies, the next candidate leads about this long after")
 	pos, err := c.parse(args, stdout, 2)
 	if err != nil {
@@ -125,18 +126,19 @@ func campaignAndHold(ctx context.Context, e *coord.Election, timeout time.Durati
 		return err
 	}
 	fmt.Fprintf(stdout, "%s  leading %s as %q (token %d)\n", time.Now().Format(timestamp), key, identity, e.Token())
-	return hold(ctx, e.Done(), fmt.Errorf("campaign in %s: leadership lost", key), e.Resign, timeout,
+	return hold(ctx, e.Done(), "campaign in "+key, e.Err, e.Resign, timeout,
 		func() { fmt.Fprintf(stdout, "%s  resigned from %s\n", time.Now().Format(timestamp), key) })
 }
 
-// hold waits until done closes (an error, lost, unless ctx ended too) or
-// ctx ends, then gives up what it held with release, within timeout, and
-// reports it with released.
-func hold(ctx context.Context, done <-chan struct{}, lost error, release func(context.Context) error, timeout time.Duration, released func()) error {
+// hold waits until done closes (an error saying what was lost and why,
+// as why() says it, unless ctx ended too) or ctx ends, then gives up
+// what it held with release, within timeout, and reports it with
+// released.
+func hold(ctx context.Context, done <-chan struct{}, what string, why func() error, release func(context.Context) error, timeout time.Duration, released func()) error {
 	select {
 	case <-done:
 		if ctx.Err() == nil {
-			return lost
+			return lostError{what, why()}
 		}
 	case <-ctx.Done():
 	}
@@ -148,6 +150,18 @@ func hold(ctx context.Context, done <-chan struct{}, lost error, release func(co
 	released()
 	return nil
 }
+
+// lostError says what was lost, and why: the library's error, whose
+// "coord: " errorLine says once, in front.
+type lostError struct {
+	what string
+	err  error
+}
+
+func (e lostError) Error() string {
+	return e.what + ": " + strings.TrimPrefix(e.err.Error(), "coord: ")
+}
+func (e lostError) Unwrap() error { return e.err }
 
 // checkElectionKey applies coord's rule for election keys, so that a bad
 // key is a usage error found before dialling.

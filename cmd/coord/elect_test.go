@@ -91,7 +91,7 @@ func TestLeaderAndCampaign(t *testing.T) {
 			t.Fatal(err)
 		}
 		r := c.wait(t)
-		if r.code != exitError || !strings.Contains(r.stderr, "campaign in /e/lost: leadership lost") {
+		if r.code != exitError || !strings.Contains(r.stderr, "coord: campaign in /e/lost: leadership lost: leader key deleted\n") {
 			t.Fatalf("status %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
 		}
 	})

@@ -118,8 +118,9 @@ func cmdAcquire(ctx context.Context, args []string, stdout, stderr io.Writer) er
 waiting in line while LIMIT permits are held, and hold it until interrupted
 (Ctrl-C, SIGTERM); then release it, so the next in line gets it at once. A
 line is printed when the permit is acquired and when it ends. Every user of
-KEY must give the same --limit. Exits with status 1 if the permit is lost
-(e.g. the session expired while etcd was unreachable) or the limit differs
+KEY must give the same --limit. Exits with status 1 if the permit is lost,
+saying why (its key deleted, the lease expired or revoked, renewals
+unanswered while etcd was unreachable), or if the limit differs
 from the one stored at KEY; an interrupt before or while holding exits
 with 0.`, true)
 	c.optional = 1
@@ -183,7 +184,7 @@ func acquireAndHold(ctx context.Context, s *coord.Semaphore, timeout time.Durati
 		return err
 	}
 	fmt.Fprintf(stdout, "%s  holding a permit of %s as %q (token %d)\n", time.Now().Format(timestamp), key, identity, p.Token())
-	return hold(ctx, p.Done(), fmt.Errorf("acquire %s: permit lost", key), p.Release, timeout,
+	return hold(ctx, p.Done(), "acquire "+key+": permit lost", p.Err, p.Release, timeout,
 		func() { fmt.Fprintf(stdout, "%s  released a permit of %s\n", time.Now().Format(timestamp), key) })
 }
 

@@ -28,6 +28,9 @@ type shardInfo struct {
 // shardCandidate is a candidacy in a shard's election.
 type shardCandidate struct {
 	Identity string `json:"identity"` // a ShardSet's is its host's UUID
+	// Hostname is that of the live host whose UUID is Identity, from its
+	// metadata under --host-prefix, if there is one.
+	Hostname string `json:"hostname,omitempty"`
 	// Token is the candidacy's create revision: the owner's fencing token,
 	// and the one a standby will lead with. etcd keeps no timestamps: how
 	// long an owner has held its shard cannot be read, but a larger token
@@ -41,10 +44,14 @@ type shardCandidate struct {
 	Draining bool    `json:"draining,omitempty"`
 }
 
-// String shows a candidate's identity, and its zone, a weight other than
-// 1 and a drain, if its member key says so.
+// String shows a candidate's identity, and its hostname if it is a live
+// host's UUID, its zone, a weight other than 1 and a drain, if its member
+// key says so.
 func (c shardCandidate) String() string {
 	var notes []string
+	if c.Hostname != "" {
+		notes = append(notes, c.Hostname)
+	}
 	if c.Weight != 0 && c.Weight != 1 {
 		notes = append(notes, fmt.Sprintf("weight %g", c.Weight))
 	}
@@ -65,7 +72,9 @@ func cmdShards(ctx context.Context, args []string, stdout, stderr io.Writer) err
 at <prefix><shard>, whose candidates are the hosts in line for it. For each
 shard found, print its owner (the candidate created first, as the election
 defines its leader), its fencing token, and its standbys in the order they
-would take over. A shard nobody campaigns for leaves nothing in etcd and is
+would take over; a candidate that is a live host's UUID (a ShardSet's
+candidates are) is shown with the hostname of its metadata under
+--host-prefix. A shard nobody campaigns for leaves nothing in etcd and is
 not listed. etcd keeps no timestamps, so how long an owner has held its
 shard cannot be read: TOKEN, the create revision of the owner's candidacy,
 is what grows with each new ownership. A candidate's weight (other than 1),
@@ -74,25 +83,54 @@ under <prefix>@members/). It only reads: no lease or key is created. Keys
 under the prefix that are neither candidates nor members are skipped with
 a warning on stderr.`, true)
 	c.StringVar(&c.conn.prefix, "prefix", coord.ShardsPrefix, "etcd `prefix` of the shard elections; ends in /")
+	hostPrefix := c.String("host-prefix", coord.HostsPrefix, "etcd `prefix` of the host registrations, for the hostnames; ends in /")
 	output := c.output("output `format`: text (a table) or json", "text", "json")
 	if _, err := c.parse(args, stdout, 0); err != nil {
 		return err
 	}
-	return runListing(ctx, c, *output == "json", stdout, stderr, "shard", listShards, printShards)
+	if !strings.HasSuffix(*hostPrefix, "/") {
+		return usagef("--host-prefix %q must end in /", *hostPrefix)
+	}
+	list := func(ctx context.Context, cli *clientv3.Client, prefix string, stderr io.Writer) ([]shardInfo, error) {
+		return listShards(ctx, cli, prefix, *hostPrefix, stderr)
+	}
+	return runListing(ctx, c, *output == "json", stdout, stderr, "shard", list, printShards)
 }
 
-// listShards reads the candidates of the shard elections under prefix, in
-// one request (one revision), and returns the shards sorted by name, their
-// candidates in line order: by create revision, as the election orders
-// them. Keys that are not <prefix><shard>/<lease> are skipped with a
+// listShards reads the candidates of the shard elections under prefix,
+// and the hosts under hostPrefix, in one request (one revision), and
+// returns the shards sorted by name, their candidates in line order: by
+// create revision, as the election orders them, each with its host's
+// hostname. Keys that are not <prefix><shard>/<lease> are skipped with a
 // warning on stderr.
-func listShards(ctx context.Context, cli *clientv3.Client, prefix string, stderr io.Writer) ([]shardInfo, error) {
-	resp, err := cli.Get(ctx, prefix, clientv3.WithPrefix())
+func listShards(ctx context.Context, cli *clientv3.Client, prefix, hostPrefix string, stderr io.Writer) ([]shardInfo, error) {
+	resp, err := cli.Txn(ctx).Then(clientv3.OpGet(prefix, clientv3.WithPrefix()), clientv3.OpGet(hostPrefix, clientv3.WithPrefix())).Commit()
 	if err != nil {
 		return nil, fmt.Errorf("list shards under %s: %w", prefix, err)
 	}
-	shards, _ := decodeShards(prefix, resp.Kvs, stderr)
+	shards, _ := decodeShards(prefix, resp.Responses[0].GetResponseRange().Kvs, stderr)
+	names := hostnames(hostPrefix, resp.Responses[1].GetResponseRange().Kvs)
+	for i := range shards {
+		shards[i].Owner.Hostname = names[shards[i].Owner.Identity]
+		for j := range shards[i].Standbys {
+			shards[i].Standbys[j].Hostname = names[shards[i].Standbys[j].Identity]
+		}
+	}
 	return shards, nil
+}
+
+// hostnames returns the hostname of each host of kvs, the keys under
+// prefix, by HostUUID: of those whose value is HostMetadata naming the
+// host its key names, as coord's watcher reads them.
+func hostnames(prefix string, kvs []*mvccpb.KeyValue) map[string]string {
+	names := map[string]string{}
+	for _, kv := range kvs {
+		var m coord.HostMetadata
+		if json.Unmarshal(kv.Value, &m) == nil && m.HostUUID == strings.TrimPrefix(string(kv.Key), prefix) {
+			names[m.HostUUID] = m.Hostname
+		}
+	}
+	return names
 }
 
 // decodeShards reads the keys under a shard set's prefix, as listShards

@@ -133,7 +133,7 @@ func TestShards(t *testing.T) {
 		// ends a candidacy because another host came up.
 		for _, id := range ids {
 			clis[id] = srv.NewClient(t)
-			lives[id] = register(t, clis[id], coord.HostMetadata{HostUUID: id}, coord.LivenessOptions{TTL: 2 * time.Second * scale})
+			lives[id] = register(t, clis[id], coord.HostMetadata{HostUUID: id, Hostname: "name-of-" + id}, coord.LivenessOptions{TTL: 2 * time.Second * scale})
 		}
 		for _, id := range ids {
 			s, err := coord.NewShardSet(ctx, clis[id], coord.ShardOptions{Shards: shards, Self: id, TTL: 2 * time.Second * scale,
@@ -156,6 +156,17 @@ func TestShards(t *testing.T) {
 			return true
 		}
 		eventually(t, "the shards placed by rendezvous hashing", func() bool { return placedOn(t, ep, shards, ids) && agree() })
+		// Each candidate with the hostname its host registered.
+		for _, s := range shardsJSON(t, "--endpoints", ep) {
+			for _, c := range append([]shardCandidate{s.Owner}, s.Standbys...) {
+				if c.Hostname != "name-of-"+c.Identity {
+					t.Fatalf("%s: candidate %+v, want hostname name-of-%s", s.Shard, c, c.Identity)
+				}
+			}
+		}
+		if r := runCoord(t, "shards", "--endpoints", ep); !strings.Contains(r.stdout, " host-a (name-of-host-a)") {
+			t.Fatalf("the table does not show host-a's hostname:\n%s", r.stdout)
+		}
 		for _, s := range shards {
 			owner, err := sets["host-a"].Owner(ctx, s)
 			if want := shardRank(s, ids)[0]; err != nil || owner != want {
@@ -220,6 +231,7 @@ func TestShards(t *testing.T) {
 			{[]string{"shards", "extra"}, `unexpected argument "extra"`},
 			{[]string{"shards", "-o", "table"}, `-o "table": want text or json`},
 			{[]string{"shards", "--prefix", "/coord/shards"}, "must end in /"},
+			{[]string{"shards", "--host-prefix", "/coord/hosts"}, `--host-prefix "/coord/hosts" must end in /`},
 			{[]string{"shards", "--bogus"}, "flag provided but not defined"},
 		} {
 			r := runCoord(t, tc.args...)

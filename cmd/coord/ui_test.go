@@ -87,7 +87,7 @@ func (f *uiFleet) startShards(t *testing.T, hosts ...string) {
 		t.Cleanup(func() { set.Close() })
 	}
 	eventually(t, "every shard owned, with a standby", func() bool {
-		shards, err := listShards(tctx(t), f.srv.Client(), coord.ShardsPrefix, io.Discard)
+		shards, err := listShards(tctx(t), f.srv.Client(), coord.ShardsPrefix, coord.HostsPrefix, io.Discard)
 		return err == nil && len(shards) == 4 && !slices.ContainsFunc(shards, func(s shardInfo) bool { return len(s.Standbys) != 1 })
 	})
 }

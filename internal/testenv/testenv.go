@@ -26,8 +26,11 @@ func Scale() time.Duration {
 // Emulator names qemu's user-mode emulator of this GOARCH (as Debian's
 // qemu-user-static installs it), for running a child process of this
 // binary where the kernel cannot run it by itself.
-func Emulator() string {
-	cpu := runtime.GOARCH
+func Emulator() string { return emulatorOf(runtime.GOARCH) }
+
+// emulatorOf names the emulator of GOARCH cpu: qemu's names for the CPUs,
+// where they are not Go's.
+func emulatorOf(cpu string) string {
 	switch cpu {
 	case "arm64":
 		cpu = "aarch64"

@@ -550,12 +550,12 @@ func (f *benchShardFleet) shardOptions(h *benchShardHost) coord.ShardOptions {
 		OnSignal: func(sig coord.Signal) {
 			switch sig.Kind {
 			case coord.SignalShardAcquired:
-				f.tr.set(sig.Key, sig.Host, true)
+				f.tr.set(sig.Shard, sig.Host, true)
 			case coord.SignalShardReleased:
 				if errors.Is(sig.Err, coord.ErrLeadershipLost) {
 					f.tr.note(sig.Host, &f.tr.lost)
 				}
-				f.tr.set(sig.Key, sig.Host, false)
+				f.tr.set(sig.Shard, sig.Host, false)
 			}
 		},
 	}

@@ -126,7 +126,7 @@ func Full() Config {
 }
 
 // Quick is the smoke run of --quick (CI): every row, small sizes, few
-// samples, under 60 s on 2 cores. It is the full run made small: what it
+// samples, about a minute on 2 cores. It is the full run made small: what it
 // leaves as it is (the crash TTL and span, the pauses before a resign, the
 // churning hosts, the cluster's members) shapes what a row measures.
 func Quick() Config {

@@ -85,6 +85,7 @@ type Config struct {
 	shardCount      int // 10: shards
 	shardNaiveHosts int // 10b: the size at which the naive plan runs, next to coord; equal to
 	shardNaiveCount int // the above, one coord run serves both
+	shardRoll       int // 10: members restarted in turn, after a drain; 0: neither
 
 	semContenders int           // 11: contenders looping Acquire → Release, per side
 	semLimit      int           // 11 and 11b: the semaphore's Limit
@@ -118,14 +119,14 @@ func Full() Config {
 		fleetAgents: 50, fleetKeys: 10_000, fleetMembers: 3,
 		fleetLivenessTTL: 10 * time.Second, fleetPoolTTL: 30 * time.Second, fleetWindow: 20 * time.Second,
 		shardHosts: 32, shardCount: 4096, ShardTTL: 10 * time.Second, ShardStagger: 100 * time.Millisecond,
-		shardNaiveHosts: 8, shardNaiveCount: 256,
+		shardNaiveHosts: 8, shardNaiveCount: 256, shardRoll: 8,
 		semContenders: 16, semLimit: 4, semFor: 6 * time.Second, semChunk: 500 * time.Millisecond,
 		semRounds: 200, semSettle: 100 * time.Millisecond,
 	}
 }
 
 // Quick is the smoke run of --quick (CI): every row, small sizes, few
-// samples, under 60 s on 2 cores. It is the full run made small: what it
+// samples, about a minute on 2 cores. It is the full run made small: what it
 // leaves as it is (the crash TTL and span, the pauses before a resign, the
 // churning hosts, the cluster's members) shapes what a row measures.
 func Quick() Config {
@@ -140,7 +141,7 @@ func Quick() Config {
 	c.fleetAgents, c.fleetKeys = 5, 500
 	c.fleetLivenessTTL, c.fleetPoolTTL, c.fleetWindow = 3*time.Second, 3*time.Second, 3*time.Second
 	c.shardHosts, c.shardCount, c.ShardTTL, c.ShardStagger = 8, 128, 2*time.Second, 50*time.Millisecond
-	c.shardNaiveCount = 128
+	c.shardNaiveCount, c.shardRoll = 128, 2
 	c.semFor, c.semRounds = time.Second, 15
 	return c
 }

@@ -54,11 +54,11 @@ func TestBenchPrintsEveryRow(t *testing.T) {
 	}
 	// Scenario 5 has two rows per size; 7 has three, and one for the CPU
 	// where it can be measured; 9 has four, and three for the CPU and
-	// memory where they can be measured; 10 has five for its size and,
-	// the naive plan running at another size, five more for that one; 11
-	// has one, and 11b one.
+	// memory where they can be measured; 10 has seven for its size (the
+	// last two: a drain, a rolling restart) and, the naive plan running
+	// at another size, five more for that one; 11 has one, and 11b one.
 	want := map[string]int{"1.": 1, "1b.": 1, "2.": 1, "3.": 1, "3b.": 1, "4.": 1, "4b.": 1, "5.": 2 * len(benchTiny.scaleSizes), "6.": 1, "7.": 3, "8.": 1, "9.": 4,
-		"10.": 5, "10b.": 5, "11.": 1, "11b.": 1}
+		"10.": 7, "10b.": 5, "11.": 1, "11b.": 1}
 	got := map[string]int{}
 	for _, r := range rows {
 		got[strings.Fields(r)[1]]++

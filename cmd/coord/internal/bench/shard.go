@@ -54,13 +54,19 @@ type benchShardResult struct {
 	// (a live host registered again), in each phase: none, on a machine
 	// that keeps up.
 	coldLost, coldHeals, joinLost, joinHeals, crashLost, crashHeals int
+
+	// coord, at the first size only: a drain, then a rolling restart (see
+	// shard_roll.go); rolled is whether they were run.
+	rolled bool
+	drain  benchShardDrainResult
+	roll   benchShardRollResult
 }
 
 // benchShards measures scenario 10: coord at cfg.shardHosts ×
 // cfg.shardCount, then coord and the naive plan at cfg.shardNaiveHosts ×
 // cfg.shardNaiveCount (one coord run serves both when the sizes are equal).
 func benchShards(ctx context.Context, env *benchEnv, cfg Config) ([]benchRow, error) {
-	big, err := benchShardRun(ctx, env, cfg, "coord", cfg.shardHosts, cfg.shardCount)
+	big, err := benchShardRun(ctx, env, cfg, "coord", cfg.shardHosts, cfg.shardCount, cfg.shardRoll)
 	if err != nil {
 		return nil, fmt.Errorf("coord, %d × %d: %w", cfg.shardHosts, cfg.shardCount, err)
 	}
@@ -68,12 +74,12 @@ func benchShards(ctx context.Context, env *benchEnv, cfg Config) ([]benchRow, er
 	same := cfg.shardNaiveHosts == cfg.shardHosts && cfg.shardNaiveCount == cfg.shardCount
 	small := big
 	if !same {
-		if small, err = benchShardRun(ctx, env, cfg, "coord", cfg.shardNaiveHosts, cfg.shardNaiveCount); err != nil {
+		if small, err = benchShardRun(ctx, env, cfg, "coord", cfg.shardNaiveHosts, cfg.shardNaiveCount, 0); err != nil {
 			return nil, fmt.Errorf("coord, %d × %d: %w", cfg.shardNaiveHosts, cfg.shardNaiveCount, err)
 		}
 		env.settle(ctx)
 	}
-	naive, err := benchShardRun(ctx, env, cfg, "naive", cfg.shardNaiveHosts, cfg.shardNaiveCount)
+	naive, err := benchShardRun(ctx, env, cfg, "naive", cfg.shardNaiveHosts, cfg.shardNaiveCount, 0)
 	if err != nil {
 		return nil, fmt.Errorf("naive, %d × %d: %w", cfg.shardNaiveHosts, cfg.shardNaiveCount, err)
 	}
@@ -97,7 +103,11 @@ func benchShards(ctx context.Context, env *benchEnv, cfg Config) ([]benchRow, er
 // plan's p if it was run at that size.
 func benchShardRows(num, head string, c benchShardResult, p *benchShardResult) []benchRow {
 	r := benchShardReport{num: num, head: head, c: c, p: p}
-	return []benchRow{r.coldRow(), r.spreadRow(), r.joinRow(), r.crashRow(), r.leasesRow()}
+	rows := []benchRow{r.coldRow(), r.spreadRow(), r.joinRow(), r.crashRow(), r.leasesRow()}
+	if c.rolled {
+		rows = append(rows, r.drainRow(), r.rollRow())
+	}
+	return rows
 }
 
 // benchShardReport writes the rows of one size of scenario 10: c is
@@ -264,8 +274,9 @@ func benchShardLeases(r benchShardResult) string {
 }
 
 // benchShardRun runs coord ("coord") or the naive plan ("naive") at n
-// hosts × k shards: cold start, a join, a crash.
-func benchShardRun(ctx context.Context, env *benchEnv, cfg Config, side string, n, k int) (r benchShardResult, err error) {
+// hosts × k shards: cold start, a join, a crash; then, for coord when
+// roll > 0, a drain and a rolling restart of roll members.
+func benchShardRun(ctx context.Context, env *benchEnv, cfg Config, side string, n, k, roll int) (r benchShardResult, err error) {
 	f := &benchShardFleet{env: env, side: side, ttl: cfg.ShardTTL, shards: benchShardNames(k),
 		prefix: env.prefix("shards", fmt.Sprintf("%s-%dx%d", side, n, k))}
 	f.tr = newBenchShardTracker(f.shards)
@@ -285,7 +296,13 @@ func benchShardRun(ctx context.Context, env *benchEnv, cfg Config, side string, 
 	if err := f.join(ctx, &r); err != nil {
 		return r, err
 	}
-	return r, f.crashBusiest(ctx, &r)
+	if err := f.crashBusiest(ctx, &r); err != nil || side != "coord" || roll == 0 {
+		return r, err
+	}
+	if err := f.drainBusiest(ctx, &r); err != nil {
+		return r, err
+	}
+	return r, f.roll(ctx, &r, roll)
 }
 
 // leaseBaseline returns how many leases the embedded etcd holds before the
@@ -408,12 +425,8 @@ func (f *benchShardFleet) topsOfJoiner(n int) int {
 // side, who owns what is a race, and some hosts may own nothing) and waits
 // until every shard is owned again.
 func (f *benchShardFleet) crashBusiest(ctx context.Context, r *benchShardResult) error {
-	victim := f.hosts[0]
-	for _, h := range f.hosts {
-		if o := f.tr.owns(h.id); o > r.crashOwned {
-			victim, r.crashOwned = h, o
-		}
-	}
+	var victim *benchShardHost
+	victim, r.crashOwned = f.busiest()
 	lost0, heals0 := f.tr.troubles()
 	t0 := time.Now()
 	mark := f.phase(victim)
@@ -429,6 +442,31 @@ func (f *benchShardFleet) crashBusiest(ctx context.Context, r *benchShardResult)
 	f.progress("host crashed: %d moved in %v (%d leaderships lost, %d heals)",
 		r.crashMoved, r.crash.Round(time.Millisecond), r.crashLost, r.crashHeals)
 	return nil
+}
+
+// busiest returns the live host that owns the most shards, and how many.
+func (f *benchShardFleet) busiest() (*benchShardHost, int) {
+	live := f.live()
+	busiest, most := live[0], -1
+	for _, h := range live {
+		if o := f.tr.owns(h.id); o > most {
+			busiest, most = h, o
+		}
+	}
+	return busiest, most
+}
+
+// live returns the hosts that have not crashed, by index.
+func (f *benchShardFleet) live() []*benchShardHost {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var live []*benchShardHost
+	for _, h := range f.hosts {
+		if h != nil && !h.dead {
+			live = append(live, h)
+		}
+	}
+	return live
 }
 
 // benchShardNames returns k shard names.
@@ -448,6 +486,9 @@ type benchShardFleet struct {
 	ttl    time.Duration
 	shards []string
 	tr     *benchShardTracker
+	// runDrain is how long a Run takes to return after its ctx ends: 0
+	// until the drain (see drainBusiest).
+	runDrain atomic.Int64
 
 	mu     sync.Mutex
 	hosts  []*benchShardHost // by index; a joined host last
@@ -462,6 +503,8 @@ type benchShardHost struct {
 	cli  *clientv3.Client
 	link *benchLink
 	dead bool // crashed
+
+	draining bool // its ShardSet drains: ranked out, owning nothing once drained
 
 	// coord
 	live *coord.HostLiveness
@@ -546,16 +589,21 @@ func (f *benchShardFleet) start(ctx context.Context, h *benchShardHost) error {
 func (f *benchShardFleet) shardOptions(h *benchShardHost) coord.ShardOptions {
 	return coord.ShardOptions{
 		Shards: f.shards, Self: h.id, Prefix: f.prefix + "shards/", HostPrefix: f.prefix + "hosts/", TTL: f.ttl,
-		Run: func(ctx context.Context, _ coord.Shard) { <-ctx.Done() },
+		MaxMoves: benchShardMaxMoves,
+		Run: func(ctx context.Context, _ coord.Shard) {
+			<-ctx.Done()
+			// The work's own drain: what a handoff waits for.
+			time.Sleep(time.Duration(f.runDrain.Load()))
+		},
 		OnSignal: func(sig coord.Signal) {
 			switch sig.Kind {
 			case coord.SignalShardAcquired:
-				f.tr.set(sig.Shard, sig.Host, true)
+				f.tr.set(sig.Shard, sig.Host, true, 0)
 			case coord.SignalShardReleased:
 				if errors.Is(sig.Err, coord.ErrLeadershipLost) {
 					f.tr.note(sig.Host, &f.tr.lost)
 				}
-				f.tr.set(sig.Shard, sig.Host, false)
+				f.tr.set(sig.Shard, sig.Host, false, sig.Drain)
 			}
 		},
 	}
@@ -575,12 +623,12 @@ func (f *benchShardFleet) candidacy(h *benchShardHost, shard string) error {
 	if err := concurrency.NewElection(s, f.prefix+"shards/"+shard).Campaign(h.ctx, h.id); err != nil {
 		return err
 	}
-	f.tr.set(shard, h.id, true)
+	f.tr.set(shard, h.id, true, 0)
 	<-s.Done()
 	if h.ctx.Err() == nil {
 		f.tr.note(h.id, &f.tr.lost)
 	}
-	f.tr.set(shard, h.id, false)
+	f.tr.set(shard, h.id, false, 0)
 	return nil
 }
 
@@ -619,7 +667,8 @@ func (f *benchShardFleet) tops(hosts []string) map[string]string {
 
 // phase starts a phase of the run: from now on the shards should be owned
 // by the live hosts (all but the crashed ones, and victim), coord's by
-// their top-ranked one. It returns the mark of the phase's acquisitions.
+// their top-ranked one but a draining host, which should own none. It
+// returns the mark of the phase's acquisitions.
 func (f *benchShardFleet) phase(victim *benchShardHost) int {
 	f.mu.Lock()
 	live := map[string]bool{}
@@ -627,7 +676,9 @@ func (f *benchShardFleet) phase(victim *benchShardHost) int {
 	for _, h := range f.hosts {
 		if h != nil && !h.dead && h != victim {
 			live[h.id] = true
-			ids = append(ids, h.id)
+			if !h.draining {
+				ids = append(ids, h.id)
+			}
 		}
 	}
 	f.mu.Unlock()
@@ -664,22 +715,25 @@ func (f *benchShardFleet) settle(ctx context.Context, what string, timeout time.
 }
 
 // ownedMismatch returns "" when each shard is in the Owned() of its
-// top-ranked live host and of no other live host, else what differs.
+// top-ranked live host (not a draining one) and of no other live host,
+// else what differs.
 func (f *benchShardFleet) ownedMismatch() string {
 	f.mu.Lock()
-	var live []*benchShardHost
+	var ids []string
+	sets := map[string]*coord.ShardSet{}
 	for _, h := range f.hosts {
 		if h != nil && !h.dead && h.set != nil {
-			live = append(live, h)
+			sets[h.id] = h.set
+			if !h.draining {
+				ids = append(ids, h.id)
+			}
 		}
 	}
 	f.mu.Unlock()
-	var ids []string
 	owners := map[string][]string{}
-	for _, h := range live {
-		ids = append(ids, h.id)
-		for _, s := range h.set.Owned() {
-			owners[s.Name] = append(owners[s.Name], h.id)
+	for id, set := range sets {
+		for _, s := range set.Owned() {
+			owners[s.Name] = append(owners[s.Name], id)
 		}
 	}
 	top := f.tops(ids)
@@ -837,6 +891,7 @@ type benchShardTracker struct {
 	ok       map[string]bool            // by shard: owned as it should be
 	good     int                        // shards owned as they should be
 	acquired []benchShardAcquire
+	released []benchShardRelease
 	settled  time.Time // when good last reached every shard; zero while not
 	overlaps int
 	lost     int // a live host's shard released because its leadership was lost
@@ -871,6 +926,32 @@ func (t *benchShardTracker) troublesSince(lost0, heals0 int) (lost, heals int) {
 type benchShardAcquire struct {
 	host, shard string
 	at          time.Time
+}
+
+// benchShardRelease is a release signal: at is when it came, ended when
+// the shard's Run's ctx ended (at less the signal's Drain).
+type benchShardRelease struct {
+	host, shard string
+	at, ended   time.Time
+}
+
+// benchShardMark marks the acquisitions and releases recorded so far.
+type benchShardMark struct{ acquired, released int }
+
+func (t *benchShardTracker) mark() benchShardMark {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return benchShardMark{len(t.acquired), len(t.released)}
+}
+
+// handoffs returns what the acquisitions and releases from m on say of
+// the handoffs.
+func (t *benchShardTracker) handoffs(m benchShardMark) benchShardHandoffs {
+	t.mu.Lock()
+	acq := slices.Clone(t.acquired[m.acquired:])
+	rel := slices.Clone(t.released[m.released:])
+	t.mu.Unlock()
+	return benchShardHandoffsOf(acq, rel)
 }
 
 func newBenchShardTracker(shards []string) *benchShardTracker {
@@ -913,8 +994,9 @@ func (t *benchShardTracker) okLocked(shard string) bool {
 	return n == 1 && (t.top == nil || t.top[shard] == who)
 }
 
-// set records that host acquired (held) or released shard.
-func (t *benchShardTracker) set(shard, host string, held bool) {
+// set records that host acquired (held) or released shard; drain is how
+// long the released shard's Run took to return after its ctx ended.
+func (t *benchShardTracker) set(shard, host string, held bool, drain time.Duration) {
 	now := time.Now()
 	t.mu.Lock()
 	hs, known := t.holders[shard]
@@ -930,6 +1012,7 @@ func (t *benchShardTracker) set(shard, host string, held bool) {
 		}
 	} else {
 		delete(hs, host)
+		t.released = append(t.released, benchShardRelease{host, shard, now, now.Add(-drain)})
 	}
 	t.updateLocked(shard, now)
 	t.mu.Unlock()

@@ -210,9 +210,11 @@ type ShardOptions struct {
 	// Zone is our failure domain: a shard's Replicas candidates are in
 	// distinct zones while there are at least that many. Empty is a zone.
 	Zone string
-	// MaxMoves bounds the shards we campaign to take over at once from
-	// another live member; a shard without an owner is taken at once. 0
-	// means DefaultShardMaxMoves; negative is an error.
+	// MaxMoves bounds the planned moves in flight at once: the shards we
+	// campaign to take over from another live member, and those we hand
+	// over to a better-ranked member in line (a drain, a member joining),
+	// from a Run's ctx ending to our resign. A shard without an owner is
+	// taken at once. 0 means DefaultShardMaxMoves; negative is an error.
 	MaxMoves int
 	// Settle is how long no member may have joined before we campaign
 	// for a shard we do not hold yet: a fleet starting, or a rolling

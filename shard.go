@@ -35,9 +35,9 @@ import (
 // resign, and the next candidate, already in line, owns the shard: a
 // handoff has no overlap, and a gap of Run's drain plus a couple of etcd
 // round trips. A standby better ranked than the owner waits for that
-// handoff; it never preempts, and we take over at most MaxMoves shards
-// at once from another live member (a shard without an owner is taken at
-// once). A Run that returns before its ctx ends gives the shard up the
+// handoff; it never preempts. We take over at most MaxMoves shards at
+// once from another live member (a shard without an owner is taken at
+// once), and hand over at most MaxMoves at once. A Run that returns before its ctx ends gives the shard up the
 // same way; we queue again after a pause.
 //
 // Decisions are taken on complete views only: nothing is campaigned for
@@ -75,6 +75,8 @@ type ShardSet struct {
 	draining bool
 	moves    int             // our campaigns to take a shard over from another live member
 	waitMove map[string]bool // shards we want, waiting for a move slot
+	handing  int             // our Runs ended for a better-ranked member in line, not resigned yet
+	waitHand map[string]bool // shards we own, to hand over once a slot is free
 	// The shards' rankings, kept as the live members change (see
 	// refreshLocked): by shard, the members that take part, best first;
 	// whether we are among its candidates; the members they hold.
@@ -123,6 +125,7 @@ type shardWorker struct {
 	e       *Election               // the election of the Run that runs
 	owned   Shard                   // what that Run was given
 	move    bool                    // it counts in ShardSet.moves
+	hand    bool                    // it counts in ShardSet.handing
 }
 
 // Why a Run's ctx ended, besides ErrClosed, ErrClientClosed and a lost
@@ -180,7 +183,7 @@ func newShardSet(cli *clientv3.Client, opts ShardOptions, pool *ElectionPool, w 
 	s := &ShardSet{cli: cli, opts: opts, log: logger(opts.Logger), pool: pool, w: w,
 		hostsEnded: make(chan struct{}), ready: make(chan struct{}), reannounce: make(chan struct{}, 1),
 		done: make(chan struct{}), idle: closedChan, hosts: map[string]bool{}, members: map[string]ShardMember{},
-		cands: map[string]map[string]candidate{}, workers: map[string]*shardWorker{}, waitMove: map[string]bool{},
+		cands: map[string]map[string]candidate{}, workers: map[string]*shardWorker{}, waitMove: map[string]bool{}, waitHand: map[string]bool{},
 		order: map[string][]ShardMember{}, ranked: map[string]bool{}, ordered: map[string]ShardMember{},
 		unsettled: map[string]bool{}, standbySince: map[string]time.Time{}}
 	for _, name := range opts.Shards {
@@ -393,6 +396,7 @@ func (s *ShardSet) reconcileLocked(shard string) {
 		s.startLocked(w)
 	case w == nil:
 		delete(s.waitMove, shard)
+		delete(s.waitHand, shard)
 		delete(s.unsettled, shard)
 		delete(s.standbySince, shard)
 	case !want:
@@ -400,8 +404,25 @@ func (s *ShardSet) reconcileLocked(shard string) {
 			w.endTerm(s.whyNotLocked())
 		}
 	case w.stopRun != nil && s.outranked(shard, w.owned.Token, s.cands[shard]):
-		w.stopRun(errBetterHost)
+		s.handOverLocked(w)
 	}
+}
+
+// handOverLocked ends the Run of w, which a better-ranked member in line
+// behind us is to take over: a planned handoff. At most MaxMoves are in
+// flight at once, from their Run's end to our resign (a drain, a member
+// joining, move in steps); the others wait for a slot.
+func (s *ShardSet) handOverLocked(w *shardWorker) {
+	if !w.hand {
+		if s.handing >= s.opts.MaxMoves {
+			s.waitHand[w.name] = true
+			return
+		}
+		delete(s.waitHand, w.name)
+		w.hand = true
+		s.handing++
+	}
+	w.stopRun(errBetterHost)
 }
 
 // waitSettleLocked reports whether shard, which we want, must wait
@@ -478,12 +499,28 @@ func (s *ShardSet) endMoveLocked(w *shardWorker) {
 		return
 	}
 	w.move = false
-	s.moves--
-	for shard := range s.waitMove {
-		if s.moves >= s.opts.MaxMoves {
+	s.freeSlotLocked(&s.moves, s.waitMove)
+}
+
+// endHandLocked gives back w's handoff slot, if it holds one, to a shard
+// waiting for one: its resign is done.
+func (s *ShardSet) endHandLocked(w *shardWorker) {
+	if !w.hand {
+		return
+	}
+	w.hand = false
+	s.freeSlotLocked(&s.handing, s.waitHand)
+}
+
+// freeSlotLocked gives back one of the slots counted by *n, and reconciles
+// the shards of wait, which wait for one, while there are some free.
+func (s *ShardSet) freeSlotLocked(n *int, wait map[string]bool) {
+	*n--
+	for shard := range wait {
+		if *n >= s.opts.MaxMoves {
 			return
 		}
-		delete(s.waitMove, shard)
+		delete(wait, shard)
 		s.reconcileLocked(shard)
 	}
 }
@@ -753,6 +790,9 @@ func (s *ShardSet) serve(w *shardWorker, e *Election, term context.Context) {
 			ctx, cancel := context.WithTimeout(context.Background(), s.opts.TTL)
 			w.log.Debug("coord: shard resigned", "err", e.Resign(ctx))
 			cancel()
+			s.mu.Lock()
+			s.endHandLocked(w)
+			s.mu.Unlock()
 		}
 		if err == nil {
 			r = retry{}
@@ -879,8 +919,9 @@ func (s *ShardSet) Owner(ctx context.Context, shard string) (string, error) {
 // Drain hands every shard we own over to its next candidate and takes
 // none: we announce that we drain, so that the other members rank us
 // last, our standby candidacies are withdrawn, and each Run's ctx ends
-// once the shard's next candidate is in line (their MaxMoves bound how
-// many at once). It returns nil once we own nothing and have no candidacy
+// once the shard's next candidate is in line, at most MaxMoves at once
+// (ours, from a Run's end to our resign; a candidate that must campaign
+// first is bounded by its own MaxMoves too). It returns nil once we own nothing and have no candidacy
 // left, or ctx's error, the drain going on. With no other member to take
 // a shard, we keep it. Close after Drain hands over nothing more.
 func (s *ShardSet) Drain(ctx context.Context) error {

@@ -31,6 +31,7 @@ func TestShardMembers(t *testing.T) {
 	t.Run("the client closed: Done closes and Err is ErrClientClosed", testShardClientClosed)
 	t.Run("Run is called only for shards we rank for: decisions on complete views", testShardCompleteViews)
 	t.Run("a member key put again and a better-ranked candidacy in one watch response hand the shard over", testShardMemberAndCandidateBatch)
+	t.Run("a drain hands over at most MaxMoves shards at once, though each has a standby in line", testShardDrainMaxMoves)
 }
 
 // smOwners waits until every shard is owned by the set want names, and by
@@ -501,5 +502,50 @@ func testShardMemberAndCandidateBatch(t *testing.T) {
 	}
 	if ev := l.waitEvent(t, mark, SignalShardReleased, b.id, "s0"); !errors.Is(ev.Err, errBetterHost) {
 		t.Fatalf("b released s0 with %v, want %v", ev.Err, errBetterHost)
+	}
+}
+
+// testShardDrainMaxMoves: a drain hands its shards over at most MaxMoves
+// at once, though every shard has a standby in line (Replicas 2): at most
+// 2 of the drainer's Runs are draining at once here (a slot lasts from a
+// Run's ctx ending to the resign after it returned).
+func testShardDrainMaxMoves(t *testing.T) {
+	_, l, shards, hosts := shFleet(t, 12, 2)
+	var (
+		mu             sync.Mutex
+		draining, most int
+	)
+	drainer, other := hosts[0], hosts[1]
+	run := func(ctx context.Context, sh Shard) {
+		<-ctx.Done()
+		mu.Lock()
+		draining++
+		most = max(most, draining)
+		mu.Unlock()
+		defer func() {
+			mu.Lock()
+			draining--
+			mu.Unlock()
+		}()
+		// A drain that takes a while: the handoffs would overlap.
+		timer := time.NewTimer(50 * time.Millisecond)
+		defer timer.Stop()
+		<-timer.C
+	}
+	drainer.start(t, l, ShardOptions{Shards: shards, Replicas: 2, MaxMoves: 2, Run: run})
+	l.until(t, "every shard owned by the drainer", func() bool { return len(drainer.set.Owned()) == len(shards) })
+	other.start(t, l, ShardOptions{Shards: shards, Replicas: 2})
+	for _, sh := range shards {
+		eventually(t, "the other member in line for "+sh, func() bool { return len(smCands(t, other.cli, sh)) == 2 })
+	}
+	if err := drainer.set.Drain(testCtx(t)); err != nil {
+		t.Fatalf("Drain: %v", err)
+	}
+	l.until(t, "every shard owned by the other", func() bool { return len(other.set.Owned()) == len(shards) })
+	mu.Lock()
+	defer mu.Unlock()
+	t.Logf("at most %d Runs draining at once (MaxMoves 2, %d shards)", most, len(shards))
+	if most > 2 || most == 0 {
+		t.Fatalf("%d Runs draining at once, want 1 or 2 (MaxMoves 2)", most)
 	}
 }

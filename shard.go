@@ -430,8 +430,10 @@ func (s *ShardSet) handOverLocked(w *shardWorker) {
 // joined less than Settle ago (a fleet starting, a rolling restart), and
 // more may follow, each moving shards again. Then, for a shard nobody
 // campaigns for that we would be a standby of, until its first candidate
-// is in line, for another Settle at most: else our candidacy, put first,
-// would own it only to hand it over. The timer reconciles it then.
+// is in line, for half the TTL at most (a top member that crashed is
+// gone within the TTL, and then we rank first): else our candidacy, put
+// first (the top member's put is slow under a fleet's cold start), would
+// own it only to hand it over. The timer reconciles it then.
 func (s *ShardSet) waitSettleLocked(shard string) bool {
 	now := time.Now()
 	wait := s.opts.Settle - now.Sub(s.joined)
@@ -441,7 +443,7 @@ func (s *ShardSet) waitSettleLocked(shard string) bool {
 			since = now
 			s.standbySince[shard] = now
 		}
-		wait = s.opts.Settle - now.Sub(since)
+		wait = s.opts.TTL/2 - now.Sub(since)
 	}
 	if wait <= 0 {
 		delete(s.unsettled, shard)

@@ -26,7 +26,7 @@ var scale = testenv.Scale()
 // under emulation: the step-down shapes, the models, the shard handovers,
 // the elections' and the watchers' longer ones) call t.Parallel, so they
 // run after the others, two at a time (go test's -parallel is GOMAXPROCS;
-// .ci/cross gives 8 under emulation), while their etcd leases run out.
+// .ci/cross gives 4 under emulation), while their etcd leases run out.
 // Each has its own etcd and clients, and none reads the log or signals of
 // another; the rest of the suite stays sequential, so a test that counts
 // goroutines (goleak.VerifyNone) sees only its own, and the tests that

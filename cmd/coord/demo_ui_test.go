@@ -10,6 +10,11 @@ func TestUIDemo(t *testing.T) {
 	t.Parallel()
 	t.Run("demo --ui ADDR serves the page through the acts: the crash and the failover show live", func(t *testing.T) {
 		d := startCoord(t, "demo", "--ui", "127.0.0.1:0")
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("the demo's stdout:\n%s\nstderr:\n%s", d.stdout.String(), d.stderr.String())
+			}
+		})
 		d.waitOutput(t, d.stdout, "the fleet's page is at ")
 		url := strings.Fields(strings.SplitAfter(d.stdout.String(), "page is at ")[1])[0]
 		url = strings.TrimSuffix(url, ":")

@@ -19,15 +19,17 @@ import (
 )
 
 const (
-	// demoTTL is the TTL of the agents' leases and election sessions: the
-	// time it takes etcd to notice a crash. The embedded etcd grants TTLs
-	// down to 1 s; 2 s leaves room for a slow machine's renewals.
+	// demoTTL is the default TTL of the agents' leases and election
+	// sessions (--ttl): the time it takes etcd to notice a crash. The
+	// embedded etcd grants TTLs down to 1 s; 2 s leaves room for a slow
+	// machine's renewals, and --ttl more.
 	demoTTL      = 2 * time.Second
 	demoElection = "/coord/elections/scheduler"
 	// demoSemaphore is the Semaphore of the last act.
 	demoSemaphore = "/coord/semaphores/maintenance"
-	// demoWait bounds every wait of the demo: a step that takes longer is
-	// a failure, not something to wait for.
+	// demoWait bounds every wait of the demo at its default TTL (it
+	// grows with the TTL): a step that takes longer is a failure, not
+	// something to wait for.
 	demoWait = 15 * time.Second
 	// demoShards is the number of shards of the ShardSet act.
 	demoShards = 12
@@ -51,6 +53,7 @@ permit ends before its slot goes to the first in line. A crash is
 simulated by closing the agent's client without stopping anything, so
 its leases are left to expire.`, false)
 	ui := demoUIFlag(c)
+	ttl := c.Duration("ttl", demoTTL, "`TTL` of the agents' leases and sessions, 1s or more (a slow machine: longer)")
 	pos, err := c.parse(args, stdout, 0)
 	if err != nil {
 		return err
@@ -58,7 +61,10 @@ its leases are left to expire.`, false)
 	if err := ui.address(pos); err != nil {
 		return err
 	}
-	return runDemo(ctx, stdout, ui.addr)
+	if *ttl < time.Second || *ttl%time.Second != 0 {
+		return usagef("--ttl %v: want whole seconds, 1s or more", *ttl)
+	}
+	return runDemo(ctx, stdout, ui.addr, *ttl)
 }
 
 // demoAgent is a simulated agent: a host with its own etcd client.
@@ -90,6 +96,8 @@ type demoGrant struct {
 }
 
 type demo struct {
+	ttl    time.Duration // of the agents' leases and sessions
+	wait   time.Duration // bounds every wait
 	log    *demoLog
 	srv    *coordtest.Standalone
 	agents []*demoAgent
@@ -123,7 +131,7 @@ type shardMove struct {
 	at       time.Time     // when the Run of to started
 }
 
-func runDemo(ctx context.Context, stdout io.Writer, uiAddr string) (err error) {
+func runDemo(ctx context.Context, stdout io.Writer, uiAddr string, ttl time.Duration) (err error) {
 	start := time.Now()
 	log := &demoLog{w: stdout}
 	dir, err := os.MkdirTemp("", "coord-demo-")
@@ -147,7 +155,7 @@ func runDemo(ctx context.Context, stdout io.Writer, uiAddr string) (err error) {
 		defer stopUI()
 	}
 
-	d := &demo{log: log, srv: srv, byUUID: map[string]*demoAgent{}, marks: map[*demoAgent]demoMark{},
+	d := &demo{log: log, srv: srv, ttl: ttl, wait: time.Duration(float64(demoWait) * float64(ttl) / float64(demoTTL)), byUUID: map[string]*demoAgent{}, marks: map[*demoAgent]demoMark{},
 		running: map[string]*demoAgent{}, lastRun: map[string]*demoAgent{}, returned: map[string]time.Time{}}
 	defer func() {
 		if serr := d.shutdown(); err == nil {
@@ -220,10 +228,10 @@ func (d *demo) cast() {
 // electionAct has leader lead the election, then next and last queue
 // behind it in that order.
 func (d *demo) electionAct(ctx context.Context, leader, next, last *demoAgent) error {
-	d.log.printf("demo", "%s, %s and %s campaign in election %s (session TTL %v)", leader.name, next.name, last.name, demoElection, demoTTL)
+	d.log.printf("demo", "%s, %s and %s campaign in election %s (session TTL %v)", leader.name, next.name, last.name, demoElection, d.ttl)
 	d.leads = make(chan demoOutcome, len(d.agents))
 	for _, a := range []*demoAgent{leader, next, last} {
-		e, err := coord.NewElection(ctx, a.cli, coord.ElectionOptions{Key: demoElection, TTL: demoTTL, Identity: a.name})
+		e, err := coord.NewElection(ctx, a.cli, coord.ElectionOptions{Key: demoElection, TTL: d.ttl, Identity: a.name})
 		if err != nil {
 			return fmt.Errorf("%s: %w", a.name, err)
 		}
@@ -267,7 +275,7 @@ func (d *demo) leaderCrashAct(ctx context.Context, leader, next *demoAgent) erro
 	d.log.printf("demo", "--- %s, the leader, crashes: its host lease and election session are left to expire", leader.name)
 	d.crash(leader)
 	downSeen, led := false, false
-	timeout := time.After(demoWait)
+	timeout := time.After(d.wait)
 	for !downSeen || !led {
 		select {
 		case <-leader.down:
@@ -281,7 +289,7 @@ func (d *demo) leaderCrashAct(ctx context.Context, leader, next *demoAgent) erro
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-timeout:
-			return fmt.Errorf("no failover from %s within %v", leader.name, demoWait)
+			return fmt.Errorf("no failover from %s within %v", leader.name, d.wait)
 		}
 	}
 	return nil
@@ -344,7 +352,7 @@ func (d *demo) summary() {
 	d.mu.Lock()
 	lines := d.results
 	d.mu.Unlock()
-	d.log.printf("demo", "summary (lease and session TTL %v, counted from the last renewal before a crash; etcd checks expiries every 500 ms):", demoTTL)
+	d.log.printf("demo", "summary (lease and session TTL %v, counted from the last renewal before a crash; etcd checks expiries every 500 ms):", d.ttl)
 	width := 0
 	for _, l := range lines {
 		width = max(width, len(l.what))
@@ -455,7 +463,7 @@ func (d *demo) shardDrain(ctx context.Context, fleet []*demoAgent, after map[str
 		leaver.name, ownedBy(after, leaver))
 	mark := d.moveCount()
 	start := time.Now()
-	dctx, cancel := context.WithTimeout(ctx, demoWait)
+	dctx, cancel := context.WithTimeout(ctx, d.wait)
 	err := leaver.set.Drain(dctx)
 	cancel()
 	if err != nil {
@@ -531,7 +539,7 @@ func (d *demo) shardCrash(ctx context.Context, fleet []*demoAgent, after map[str
 	victim := slices.MaxFunc(fleet, func(a, b *demoAgent) int { return cmp.Compare(ownedBy(after, a), ownedBy(after, b)) })
 	rest := slices.DeleteFunc(slices.Clone(fleet), func(a *demoAgent) bool { return a == victim })
 	d.log.printf("demo", "--- %s, owning %d shards, crashes: its leases are left to expire (TTL %v); each of its shards has a standby in line",
-		victim.name, ownedBy(after, victim), demoTTL)
+		victim.name, ownedBy(after, victim), d.ttl)
 	mark := d.moveCount()
 	d.crash(victim)
 	final, err := d.settle(ctx, rest)
@@ -563,7 +571,7 @@ func (d *demo) startShards(ctx context.Context, a *demoAgent) error {
 	set, err := coord.NewShardSet(ctx, a.cli, coord.ShardOptions{
 		Shards:   d.shards,
 		Host:     a.live,
-		TTL:      demoTTL,
+		TTL:      d.ttl,
 		Run:      func(ctx context.Context, _ coord.Shard) { <-ctx.Done() },
 		OnSignal: d.onShardSignal,
 	})
@@ -571,7 +579,7 @@ func (d *demo) startShards(ctx context.Context, a *demoAgent) error {
 		return fmt.Errorf("%s: %w", a.name, err)
 	}
 	a.set = set
-	d.log.printf(a.name, "starts its ShardSet (session TTL %v)", demoTTL)
+	d.log.printf(a.name, "starts its ShardSet (session TTL %v)", d.ttl)
 	return nil
 }
 
@@ -660,7 +668,7 @@ func (d *demo) settle(ctx context.Context, live []*demoAgent) (map[string]*demoA
 		want[s] = r[:min(coord.DefaultShardReplicas, len(r))]
 		owners[s] = d.byUUID[r[0]]
 	}
-	ctx, cancel := context.WithTimeout(ctx, demoWait)
+	ctx, cancel := context.WithTimeout(ctx, d.wait)
 	defer cancel()
 	for {
 		diff, err := d.placed(ctx, want)
@@ -674,7 +682,7 @@ func (d *demo) settle(ctx context.Context, live []*demoAgent) (map[string]*demoA
 			if err == nil {
 				err = errors.New(diff)
 			}
-			return nil, fmt.Errorf("shards not placed by rendezvous hashing within %v: %w", demoWait, err)
+			return nil, fmt.Errorf("shards not placed by rendezvous hashing within %v: %w", d.wait, err)
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
@@ -837,8 +845,8 @@ func (d *demo) register(ctx context.Context, a *demoAgent) error {
 	}
 	a.cli = cli
 	a.meta.StartedAt = time.Now().UnixNano()
-	d.log.printf(a.name, "registers host %s (zone %s, lease TTL %v)", a.meta.HostUUID, a.meta.Labels["zone"], demoTTL)
-	a.live, err = coord.RegisterHostLiveness(ctx, cli, a.meta, coord.LivenessOptions{TTL: demoTTL})
+	d.log.printf(a.name, "registers host %s (zone %s, lease TTL %v)", a.meta.HostUUID, a.meta.Labels["zone"], d.ttl)
+	a.live, err = coord.RegisterHostLiveness(ctx, cli, a.meta, coord.LivenessOptions{TTL: d.ttl})
 	if err != nil {
 		return fmt.Errorf("%s: %w", a.name, err)
 	}
@@ -864,7 +872,7 @@ func (d *demo) waitCandidates(ctx context.Context, n int) error {
 // waitKeys waits until there are n keys under prefix: candidates in
 // line for an election or a semaphore.
 func (d *demo) waitKeys(ctx context.Context, prefix string, n int) error {
-	ctx, cancel := context.WithTimeout(ctx, demoWait)
+	ctx, cancel := context.WithTimeout(ctx, d.wait)
 	defer cancel()
 	for {
 		resp, err := d.cli.Get(ctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
@@ -937,8 +945,8 @@ func (d *demo) await(ctx context.Context, ch <-chan struct{}, what string) error
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-time.After(demoWait):
-		return fmt.Errorf("%s: not within %v", what, demoWait)
+	case <-time.After(d.wait):
+		return fmt.Errorf("%s: not within %v", what, d.wait)
 	}
 }
 
@@ -974,7 +982,7 @@ func (d *demo) shutdown() error {
 			errs = append(errs, a.elect.Close())
 		}
 		if a.live != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), demoWait)
+			ctx, cancel := context.WithTimeout(context.Background(), d.wait)
 			errs = append(errs, a.live.Stop(ctx))
 			cancel()
 			if !gone {
@@ -1081,7 +1089,7 @@ func (d *demo) semaphoreAct(ctx context.Context, agents []*demoAgent) error {
 // permit ends before next, first in line, is granted its slot. It
 // returns next's permit.
 func (d *demo) semaphoreCrash(ctx context.Context, holder, next *demoAgent, permit *coord.Permit) (*coord.Permit, error) {
-	d.log.printf("demo", "--- %s, holding a permit, crashes: its client goes, its session is left to expire (TTL %v)", holder.name, demoTTL)
+	d.log.printf("demo", "--- %s, holding a permit, crashes: its client goes, its session is left to expire (TTL %v)", holder.name, d.ttl)
 	d.crash(holder)
 	if err := d.await(ctx, permit.Done(), holder.name+"'s permit ends"); err != nil {
 		return nil, err
@@ -1144,7 +1152,7 @@ func (d *demo) joinSemaphore(ctx context.Context, a *demoAgent) error {
 		return err
 	}
 	a.cli = cli
-	a.sem, err = coord.NewSemaphore(ctx, cli, coord.SemaphoreOptions{Key: demoSemaphore, Limit: 2, TTL: demoTTL, Identity: a.name})
+	a.sem, err = coord.NewSemaphore(ctx, cli, coord.SemaphoreOptions{Key: demoSemaphore, Limit: 2, TTL: d.ttl, Identity: a.name})
 	if err != nil {
 		return fmt.Errorf("%s: %w", a.name, err)
 	}
@@ -1175,7 +1183,7 @@ func (d *demo) grant(ctx context.Context, a *demoAgent) (demoGrant, error) {
 		return g, nil
 	case <-ctx.Done():
 		return demoGrant{}, ctx.Err()
-	case <-time.After(demoWait):
-		return demoGrant{}, fmt.Errorf("%s: no permit within %v", a.name, demoWait)
+	case <-time.After(d.wait):
+		return demoGrant{}, fmt.Errorf("%s: no permit within %v", a.name, d.wait)
 	}
 }

@@ -9,7 +9,7 @@ import (
 func TestUIDemo(t *testing.T) {
 	t.Parallel()
 	t.Run("demo --ui ADDR serves the page through the acts: the crash and the failover show live", func(t *testing.T) {
-		d := startCoord(t, "demo", "--ui", "127.0.0.1:0")
+		d := startCoord(t, "demo", "--ui", "127.0.0.1:0", "--ttl", demoTestTTL.String())
 		t.Cleanup(func() {
 			if t.Failed() {
 				t.Logf("the demo's stdout:\n%s\nstderr:\n%s", d.stdout.String(), d.stderr.String())
@@ -50,6 +50,11 @@ func TestUIDemo(t *testing.T) {
 		}
 		if r := runCoord(t, "demo", "127.0.0.1:0"); r.code != exitUsage {
 			t.Errorf("demo 127.0.0.1:0: status %d, stderr %q", r.code, r.stderr)
+		}
+		for _, ttl := range []string{"500ms", "1500ms"} {
+			if r := runCoord(t, "demo", "--ttl", ttl); r.code != exitUsage || !strings.Contains(r.stderr, "whole seconds") {
+				t.Errorf("demo --ttl %s: status %d, stderr %q", ttl, r.code, r.stderr)
+			}
 		}
 	})
 }

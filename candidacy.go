@@ -313,7 +313,7 @@ func (c *candidacy) waitTurn(ctx context.Context, s *session, key string, rev in
 func (c *candidacy) waitDelete(ctx context.Context, rev int64, key string, ahead map[string]bool) (hdr int64, news bool) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	for wr := range c.cli.Watch(ctx, c.prefix, clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithRev(rev)) {
+	for wr := range responses(ctx, c.cli.Watch(ctx, c.prefix, clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithRev(rev))) {
 		for _, ev := range wr.Events {
 			k := string(ev.Kv.Key)
 			switch {

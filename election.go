@@ -428,20 +428,25 @@ func (o *observer) follow(ctx context.Context, resp *clientv3.GetResponse) (news
 		if !o.sent || cur != o.last {
 			out = o.ch
 		}
+		// A watch ends with ctx, closed or not (see responses).
+		var wr clientv3.WatchResponse
+		ok := false
 		select {
 		case out <- cur:
 			o.last, o.sent = cur, true
-		case wr, ok := <-wch:
-			if !ok || wr.Err() != nil {
-				return news, wr.Err()
-			}
-			news = true
-			for _, ev := range wr.Events {
-				if ev.Type == mvccpb.DELETE {
-					delete(cands, string(ev.Kv.Key))
-				} else {
-					cands[string(ev.Kv.Key)] = ev.Kv
-				}
+			continue
+		case wr, ok = <-wch:
+		case <-ctx.Done():
+		}
+		if !ok || wr.Err() != nil {
+			return news, wr.Err()
+		}
+		news = true
+		for _, ev := range wr.Events {
+			if ev.Type == mvccpb.DELETE {
+				delete(cands, string(ev.Kv.Key))
+			} else {
+				cands[string(ev.Kv.Key)] = ev.Kv
 			}
 		}
 	}

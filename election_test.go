@@ -1481,9 +1481,7 @@ func TestElectionPermissionDenied(t *testing.T) {
 		if _, err := e.Leader(ctx); !errors.Is(err, rpctypes.ErrPermissionDenied) {
 			t.Fatalf("Leader: %v, want permission denied", err)
 		}
-		// Both observers end before the clients close: a watch still open
-		// on a client closed after the restart below can wedge its Close
-		// (etcd's watch stream, seen under emulation).
+		// Both observers end before the clients close (see below).
 		lctx, lcancel := context.WithCancel(ctx)
 		obs := e.Observe(lctx)
 		defer func() { lcancel(); etDrained(t, obs) }()
@@ -1510,6 +1508,13 @@ func TestElectionPermissionDenied(t *testing.T) {
 		etExpect(t, obs, "")
 		etCampaign(t, e, "a")
 		etExpect(t, obs, "a")
+		// The observer ends before the restart, which leaves the leader's
+		// watch alone on the client's watch stream: etcd's client (v3.7.3)
+		// can lose track of one of several watches refused on resumption,
+		// never close its channel, and then wedge its Close (seen once, on
+		// riscv64 under emulation; the observer now ends on its ctx alone).
+		lcancel()
+		etDrained(t, obs)
 
 		// A leader that may no longer watch its key steps down, and its key
 		// goes with its lease, rather than spinning.

@@ -258,7 +258,7 @@ func (h *HostLiveness) watchHolder(ctx context.Context, lease clientv3.LeaseID, 
 	}
 	if err == nil {
 		wch := h.cli.Watch(wctx, h.key, clientv3.WithRev(g.Header.Revision+1), clientv3.WithCreatedNotify())
-		for wr := range wch {
+		for wr := range responses(wctx, wch) {
 			if wr.Created {
 				h.log.Info("coord: host key held by another lease, waiting it out", "key", h.key, "lease", hexID(lease), "wait", time.Until(expiry))
 			}
@@ -311,38 +311,42 @@ func (h *HostLiveness) hold(ctx context.Context, reg registration) error {
 	wch := h.cli.Watch(wctx, h.key, clientv3.WithRev(rev+1))
 	var r retry
 	for {
+		// The watch ends with wctx, closed or not (see responses).
+		var wr clientv3.WatchResponse
+		ok := false
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case wr, ok := <-wch:
-			if !ok || wr.Err() != nil {
-				if err := fatal(ctx, h.cli, wr.Err()); err != nil {
-					return fmt.Errorf("watch host key %q: %w", h.key, err)
-				}
-				// The watch broke (no leader, compaction): read the key
-				// and watch on from there.
-				h.log.Debug("coord: host key watch broke", "key", h.key, "err", wr.Err())
-				sleep(ctx, r.next())
-				if g, err := h.cli.Get(ctx, h.key); err == nil {
-					if err := h.check(reg.lease, g.Kvs...); err != nil {
-						return err
-					}
-					rev = g.Header.Revision
-				}
-				wch = h.cli.Watch(wctx, h.key, clientv3.WithRev(rev+1))
-				h.log.Debug("coord: host key watch resumed", "key", h.key, "rev", rev)
-				continue
+		case wr, ok = <-wch:
+		case <-wctx.Done():
+		}
+		if !ok || wr.Err() != nil {
+			if err := fatal(ctx, h.cli, wr.Err()); err != nil {
+				return fmt.Errorf("watch host key %q: %w", h.key, err)
 			}
-			for _, ev := range wr.Events {
-				if ev.Type == mvccpb.DELETE {
-					return errors.New("host key deleted")
-				}
-				if err := h.check(reg.lease, ev.Kv); err != nil {
+			// The watch broke (no leader, compaction): read the key
+			// and watch on from there.
+			h.log.Debug("coord: host key watch broke", "key", h.key, "err", wr.Err())
+			sleep(ctx, r.next())
+			if g, err := h.cli.Get(ctx, h.key); err == nil {
+				if err := h.check(reg.lease, g.Kvs...); err != nil {
 					return err
 				}
+				rev = g.Header.Revision
 			}
-			rev = wr.Header.Revision
+			wch = h.cli.Watch(wctx, h.key, clientv3.WithRev(rev+1))
+			h.log.Debug("coord: host key watch resumed", "key", h.key, "rev", rev)
+			continue
 		}
+		for _, ev := range wr.Events {
+			if ev.Type == mvccpb.DELETE {
+				return errors.New("host key deleted")
+			}
+			if err := h.check(reg.lease, ev.Kv); err != nil {
+				return err
+			}
+		}
+		rev = wr.Header.Revision
 	}
 }
 

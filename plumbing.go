@@ -2,6 +2,7 @@ package coord
 
 import (
 	"context"
+	"iter"
 	"math/rand/v2"
 	"time"
 
@@ -54,5 +55,26 @@ func within(ctx context.Context, c <-chan struct{}) bool {
 		return true
 	case <-ctx.Done():
 		return false
+	}
+}
+
+// responses yields the responses of watch wch until it closes or ctx (the
+// watch's) ends, whichever comes first. etcd's client closes a watch's
+// channel once its stream has taken the cancel in, and a stream whose
+// resumption failed can leave one open for good (client v3.7.3: watches
+// refused on resumption after an etcd restart, seen under emulation), so
+// nothing of ours waits for the close alone.
+func responses(ctx context.Context, wch clientv3.WatchChan) iter.Seq[clientv3.WatchResponse] {
+	return func(yield func(clientv3.WatchResponse) bool) {
+		for {
+			select {
+			case wr, ok := <-wch:
+				if !ok || !yield(wr) {
+					return
+				}
+			case <-ctx.Done():
+				return
+			}
+		}
 	}
 }

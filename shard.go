@@ -668,7 +668,7 @@ func (s *ShardSet) followCandidates() {
 func (s *ShardSet) watchCandidates(rev int64, r *retry) error {
 	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(s.ctx))
 	defer cancel()
-	for wr := range s.cli.Watch(ctx, s.opts.Prefix, clientv3.WithPrefix(), clientv3.WithRev(rev)) {
+	for wr := range responses(ctx, s.cli.Watch(ctx, s.opts.Prefix, clientv3.WithPrefix(), clientv3.WithRev(rev))) {
 		if err := wr.Err(); err != nil {
 			return err
 		}

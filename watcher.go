@@ -265,27 +265,32 @@ func (w *HostWatcher) follow(ctx, cctx context.Context, o *outbox, rev int64, r 
 	wch := w.cli.Watch(wctx, w.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
 	for {
 		out, next := o.next(w.events)
+		// A watch ends with ctx, closed or not (see responses).
+		var wr clientv3.WatchResponse
+		ok := false
 		select {
 		case out <- next:
 			emit(w.signal, Signal{Kind: SignalEventDelivered, Key: w.prefix, Host: next.HostUUID, Event: next.Kind})
 			o.sent()
-		case wr, ok := <-wch:
-			if !ok || wr.Err() != nil {
-				cancel()
-				if w.endIfFatal(ctx, wr.Err()) {
-					return false
-				}
-				w.follows(false)
-				w.log.Info("coord: host watch broke, resyncing", "err", wr.Err())
-				// A watch that breaks again and again without news (a
-				// list that works, a watch that fails at once) is retried
-				// with backoff.
-				sleep(cctx, r.next())
-				return true
-			}
-			*r = retry{}
-			w.update(o, wr)
+			continue
+		case wr, ok = <-wch:
+		case <-ctx.Done():
 		}
+		if !ok || wr.Err() != nil {
+			cancel()
+			if w.endIfFatal(ctx, wr.Err()) {
+				return false
+			}
+			w.follows(false)
+			w.log.Info("coord: host watch broke, resyncing", "err", wr.Err())
+			// A watch that breaks again and again without news (a
+			// list that works, a watch that fails at once) is retried
+			// with backoff.
+			sleep(cctx, r.next())
+			return true
+		}
+		*r = retry{}
+		w.update(o, wr)
 	}
 }
 

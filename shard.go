@@ -80,7 +80,8 @@ type ShardSet struct {
 	// The shards' rankings, kept as the live members change (see
 	// refreshLocked): by shard, the members that take part, best first;
 	// whether we are among its candidates; the members they hold.
-	order     map[string][]ShardMember
+	order     map[string][]rankedMember
+	zoned     bool // whether the rankings' members are in more than one zone
 	ranked    map[string]bool
 	ordered   map[string]ShardMember
 	selfLive  bool // whether we were a live member at the last refresh
@@ -184,7 +185,7 @@ func newShardSet(cli *clientv3.Client, opts ShardOptions, pool *ElectionPool, w 
 		hostsEnded: make(chan struct{}), ready: make(chan struct{}), reannounce: make(chan struct{}, 1),
 		done: make(chan struct{}), idle: closedChan, hosts: map[string]bool{}, members: map[string]ShardMember{},
 		cands: map[string]map[string]candidate{}, workers: map[string]*shardWorker{}, waitMove: map[string]bool{}, waitHand: map[string]bool{},
-		order: map[string][]ShardMember{}, ranked: map[string]bool{}, ordered: map[string]ShardMember{},
+		order: map[string][]rankedMember{}, ranked: map[string]bool{}, ordered: map[string]ShardMember{},
 		unsettled: map[string]bool{}, standbySince: map[string]time.Time{}}
 	for _, name := range opts.Shards {
 		s.cands[name] = map[string]candidate{}

@@ -47,37 +47,57 @@ func decodeMember(prefix string, kv *mvccpb.KeyValue) (m ShardMember, ok bool) {
 	return m, true
 }
 
-// score is member m's weighted rendezvous score for shard: −w/ln(h), h
-// its rendezvous weight mapped into (0, 1). A member of weight 2 scores
-// highest about twice as often as one of weight 1.
-func score(shard string, m ShardMember) float64 {
-	h := (float64(weight(shard, m.HostUUID)>>11) + 0.5) / (1 << 53)
+// rankedMember is a member as a shard ranks it: with its rendezvous
+// weight for the shard, hashed once.
+type rankedMember struct {
+	ShardMember
+	w uint64 // weight(shard, HostUUID)
+}
+
+// rankOn returns m as shard ranks it.
+func rankOn(shard string, m ShardMember) rankedMember {
+	return rankedMember{m, weight(shard, m.HostUUID)}
+}
+
+// member returns m: what pickRanked picks from.
+func (m ShardMember) member() ShardMember { return m }
+
+// score is m's weighted rendezvous score: −w/ln(h), h its rendezvous
+// weight mapped into (0, 1). A member of weight 2 scores highest about
+// twice as often as one of weight 1.
+func (m rankedMember) score() float64 {
+	h := (float64(m.w>>11) + 0.5) / (1 << 53)
 	return -m.Weight / math.Log(h)
 }
 
-// memberBefore reports whether member a ranks before member b for shard:
-// draining members last; then by weighted score, the highest first; then
-// as RankHosts ranks (which is the order of the scores when the weights
-// are equal, without their rounding).
-func memberBefore(shard string, a, b ShardMember) bool {
+// before reports whether a ranks before b for their shard: draining
+// members last; then by weighted score, the highest first; then as
+// RankHosts ranks (which is the order of the scores when the weights are
+// equal, without their rounding).
+func (a rankedMember) before(b rankedMember) bool {
 	if a.Draining != b.Draining {
 		return b.Draining
 	}
 	if a.Weight != b.Weight {
-		if sa, sb := score(shard, a), score(shard, b); sa != sb {
+		if sa, sb := a.score(), b.score(); sa != sb {
 			return sa > sb
 		}
 	}
-	return ranksBefore(shard, a.HostUUID, b.HostUUID)
+	return a.w > b.w || a.w == b.w && a.HostUUID < b.HostUUID
 }
 
-// byRank orders members for shard, best first; no two are equal (they
+// byRank orders members of one shard, best first; no two are equal (they
 // are distinct hosts).
-func byRank(shard string, a, b ShardMember) int {
-	if memberBefore(shard, a, b) {
+func byRank(a, b rankedMember) int {
+	if a.before(b) {
 		return -1
 	}
 	return 1
+}
+
+// memberBefore reports whether member a ranks before member b for shard.
+func memberBefore(shard string, a, b ShardMember) bool {
+	return rankOn(shard, a).before(rankOn(shard, b))
 }
 
 // RankMembers returns members in the order every ShardSet ranks them for
@@ -89,8 +109,15 @@ func byRank(shard string, a, b ShardMember) int {
 //
 // Like RankHosts, the ranking is wire format: it must never change.
 func RankMembers(shard string, members []ShardMember) []ShardMember {
-	out := slices.Clone(members)
-	slices.SortFunc(out, func(a, b ShardMember) int { return byRank(shard, a, b) })
+	ranked := make([]rankedMember, len(members))
+	for i, m := range members {
+		ranked[i] = rankOn(shard, m)
+	}
+	slices.SortFunc(ranked, byRank)
+	out := make([]ShardMember, len(ranked))
+	for i, m := range ranked {
+		out[i] = m.ShardMember
+	}
 	return out
 }
 
@@ -98,13 +125,13 @@ func RankMembers(shard string, members []ShardMember) []ShardMember {
 // best-ranked member of each zone, in rank order, until there are n; then
 // the best-ranked others. So a shard's n candidates are in n zones while
 // there are that many.
-func pickRanked(ranked []ShardMember, n int) []ShardMember {
-	out := make([]ShardMember, 0, n)
+func pickRanked[M interface{ member() ShardMember }](ranked []M, n int) []M {
+	out := make([]M, 0, n)
 	zones := map[string]bool{}
-	var rest []ShardMember
+	var rest []M
 	for _, m := range ranked {
-		if len(out) < n && !zones[m.Zone] {
-			zones[m.Zone] = true
+		if z := m.member().Zone; len(out) < n && !zones[z] {
+			zones[z] = true
 			out = append(out, m)
 		} else if len(rest) < n {
 			rest = append(rest, m)
@@ -126,49 +153,69 @@ func (s *ShardSet) selfLocked() ShardMember {
 }
 
 // rankedLocked reports whether we are among shard's candidates, as its
-// ranking says.
+// ranking says: the first Replicas, while the members are in one zone.
 func (s *ShardSet) rankedLocked(shard string) bool {
-	return slices.ContainsFunc(pickRanked(s.order[shard], s.opts.Replicas), func(m ShardMember) bool { return m.HostUUID == s.opts.Self })
+	picked := s.order[shard]
+	if s.zoned {
+		picked = pickRanked(picked, s.opts.Replicas)
+	}
+	return slices.ContainsFunc(picked[:min(len(picked), s.opts.Replicas)], func(m rankedMember) bool { return m.HostUUID == s.opts.Self })
 }
 
 // reorderLocked brings every shard's ranking in line with the live
 // members that take part (not draining; for us, what we are now), and
 // reports whether any changed. A member that changed is taken out of each
-// ranking and put back in its place: a binary search per shard.
+// ranking and put back in its place: a binary search per shard, or one
+// sort of each ranking when several join at once (a listing).
 func (s *ShardSet) reorderLocked() bool {
 	now := map[string]ShardMember{}
+	zones := map[string]bool{}
 	for h, m := range s.members {
 		if h == s.opts.Self {
 			m = s.selfLocked()
 		}
 		if s.hosts[h] && !m.Draining {
 			now[h] = m
+			zones[m.Zone] = true
 		}
 	}
+	s.zoned = len(zones) > 1
 	changed := false
 	for h, old := range s.ordered {
 		if m, ok := now[h]; !ok || m != old {
 			for shard, o := range s.order {
-				s.order[shard] = slices.DeleteFunc(o, func(m ShardMember) bool { return m.HostUUID == h })
+				s.order[shard] = slices.DeleteFunc(o, func(m rankedMember) bool { return m.HostUUID == h })
 			}
 			delete(s.ordered, h)
 			changed = true
 		}
 	}
+	var joined []ShardMember
 	for h, m := range now {
-		if _, ok := s.ordered[h]; ok {
+		if _, ok := s.ordered[h]; !ok {
+			joined = append(joined, m)
+			s.ordered[h] = m
+		}
+	}
+	if len(joined) == 0 {
+		return changed
+	}
+	for shard := range s.cands {
+		o := s.order[shard]
+		if len(joined) == 1 {
+			m := rankOn(shard, joined[0])
+			i, _ := slices.BinarySearchFunc(o, m, byRank)
+			s.order[shard] = slices.Insert(o, i, m)
 			continue
 		}
-		for shard := range s.cands {
-			o := s.order[shard]
-			i, _ := slices.BinarySearchFunc(o, m, func(a, b ShardMember) int { return byRank(shard, a, b) })
-			s.order[shard] = slices.Insert(o, i, m)
+		for _, m := range joined {
+			o = append(o, rankOn(shard, m))
 		}
-		s.ordered[h] = m
-		s.joined = time.Now()
-		changed = true
+		slices.SortFunc(o, byRank)
+		s.order[shard] = o
 	}
-	return changed
+	s.joined = time.Now()
+	return true
 }
 
 // Members returns the live members of the shard set as we see them (us

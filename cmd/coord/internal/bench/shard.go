@@ -36,6 +36,7 @@ type benchShardResult struct {
 	lastStart     time.Duration // the last host's start, from the first
 	most, fewest  int           // shards owned by one host, once settled from cold
 	coldAcq       int           // acquisitions until then
+	coldCPU       time.Duration // CPU time of this process (the fleet, etcd, the bench) until then; 0 if not measured
 	inLine        time.Duration // naive: start → every host's candidacy for every shard in place
 
 	leases     int   // held once settled from cold
@@ -171,6 +172,14 @@ func (r benchShardReport) perHost() float64 { return float64(r.c.shards) / float
 
 func benchShardSecs(d time.Duration) string { return fmt.Sprintf("%.2f s", d.Seconds()) }
 
+// benchShardCPU says how much CPU the process used, where it was measured.
+func benchShardCPU(d time.Duration) string {
+	if d == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; %.1f s of CPU: the fleet, etcd and the bench, until settled", d.Seconds())
+}
+
 func (r benchShardReport) coldRow() benchRow {
 	c, secs := r.c, benchShardSecs
 	naive := ""
@@ -179,7 +188,7 @@ func (r benchShardReport) coldRow() benchRow {
 	}
 	return benchRow{
 		scenario: r.head + ": cold start, " + benchShardStarts(c.stagger) + " → every shard owned by its top-ranked host (acquire signals, then Owned()); from the first start (and from the last)",
-		coord:    fmt.Sprintf("%s (%s; %s acquisitions)", secs(c.cold), secs(c.coldAfterLast), benchCount(c.coldAcq)),
+		coord:    fmt.Sprintf("%s (%s; %s acquisitions%s)", secs(c.cold), secs(c.coldAfterLast), benchCount(c.coldAcq), benchShardCPU(c.coldCPU)),
 		plain: r.plain(func(p benchShardResult) string {
 			return fmt.Sprintf("%s (%s): all %s candidacies in line; every shard owned after %s",
 				secs(p.inLine), secs(max(p.inLine-p.lastStart, 0)), benchCount(p.hosts*p.shards), secs(p.cold))
@@ -328,6 +337,7 @@ func (f *benchShardFleet) coldStart(ctx context.Context, r *benchShardResult) er
 		return err
 	}
 	f.phase(nil)
+	cpu0, cpuOK := benchProcessCPU()
 	t0 := time.Now()
 	starts := make([]time.Time, n)
 	if err := benchParallel(ctx, n, n, func(i int) error {
@@ -343,6 +353,9 @@ func (f *benchShardFleet) coldStart(ctx context.Context, r *benchShardResult) er
 	at, err := f.settle(ctx, "every shard owned from cold", 90*time.Second)
 	if err != nil {
 		return err
+	}
+	if cpu1, ok := benchProcessCPU(); ok && cpuOK {
+		r.coldCPU = cpu1 - cpu0
 	}
 	r.cold, r.coldAcq = at.Sub(t0), len(f.tr.since(0))
 	r.coldAfterLast, r.lastStart = max(at.Sub(last), 0), last.Sub(t0)

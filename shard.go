@@ -314,7 +314,12 @@ func RankHosts(shard string, hosts []string) []string {
 // ranksBefore reports whether host a ranks before host b for shard: by
 // weight, highest first, then by HostUUID. Every host ranks alike.
 func ranksBefore(shard, a, b string) bool {
-	wa, wb := weight(shard, a), weight(shard, b)
+	return heavier(weight(shard, a), a, weight(shard, b), b)
+}
+
+// heavier reports whether host a, of rendezvous weight wa, ranks before
+// host b, of weight wb: the higher weight first, then the lower HostUUID.
+func heavier(wa uint64, a string, wb uint64, b string) bool {
 	return wa > wb || wa == wb && a < b
 }
 

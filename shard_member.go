@@ -83,7 +83,7 @@ func (a rankedMember) before(b rankedMember) bool {
 			return sa > sb
 		}
 	}
-	return a.w > b.w || a.w == b.w && a.HostUUID < b.HostUUID
+	return heavier(a.w, a.HostUUID, b.w, b.HostUUID)
 }
 
 // byRank orders members of one shard, best first; no two are equal (they

@@ -980,11 +980,15 @@ func TestHostWatcherFaults(t *testing.T) {
 		if isClosed(w.Synced()) {
 			t.Fatal("Synced closed without a snapshot")
 		}
-		// Once the answer fits, the next try gets the snapshot.
+		// Once the answer fits, the next try gets the snapshot: the 40
+		// hosts go in one revision, so that no listing sees some of them
+		// (a listing of 30 would be a snapshot of 30 Ups, then Downs).
+		var ops []clientv3.Op
 		for _, p := range []string{"h1", "h2", "h3", "h4"} {
-			if _, err := cli.Delete(ctx, prefix+p, clientv3.WithPrefix()); err != nil {
-				t.Fatal(err)
-			}
+			ops = append(ops, clientv3.OpDelete(prefix+p, clientv3.WithPrefix()))
+		}
+		if _, err := cli.Txn(ctx).Then(ops...).Commit(); err != nil {
+			t.Fatal(err)
 		}
 		r := newWtReplica(t)
 		r.applyNext(w, 10)

@@ -117,8 +117,12 @@ type shMember struct {
 // moment of random length, and names it. A fault (a cut, a lag) is over
 // when step returns. A slow link lasts until the next heal: slow, but not
 // so slow that its leases cannot be kept (a renewal is tried for a sixth
-// of the TTL, and its answer takes two delays), so that the check after
-// each step holds with it; a lag is slower, for a while.
+// of the TTL, and its answer takes two delays), nor that its client can
+// connect no more once a cut or a restart resets its connection (the
+// server's preface must come within coordtest.ClientConnectTimeout: a
+// slow link of 960 ms under a TTL of 20 s, then a cut, left a member cut
+// off for good), so that the check after each step holds with it; a lag
+// is slower, for a while.
 func (m *shModel) step() string {
 	var op string
 	switch r := m.rng.IntN(16); {
@@ -139,7 +143,7 @@ func (m *shModel) step() string {
 	case r < 13:
 		op = "lag " + m.lag(time.Duration(m.rng.Int64N(int64(m.ttl/2))), time.Duration(m.rng.Int64N(int64(m.ttl))))
 	case r < 15:
-		op = "slow " + m.delay(time.Duration(m.rng.Int64N(int64(m.ttl/16))))
+		op = "slow " + m.delay(time.Duration(m.rng.Int64N(int64(min(m.ttl/16, coordtest.ClientConnectTimeout/4)))))
 	default:
 		op = "restart etcd"
 		m.srv.Restart()

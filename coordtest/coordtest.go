@@ -87,6 +87,14 @@ const (
 	// returned by the ClientConfig methods (of Server, Standalone, Member
 	// and Proxy).
 	ClientDialTimeout = 5 * time.Second
+	// ClientConnectTimeout is the gRPC MinConnectTimeout of the client
+	// configurations returned by the ClientConfig methods: a connection
+	// attempt whose server preface has not arrived by then is given up,
+	// and tried again after a backoff of at most 500 ms, so that a client
+	// reconnects soon after a fault heals. A link delayed (Proxy.Delay) by
+	// about this much each way can therefore make no new connection: the
+	// preface arrives one delay late, plus the handshake's own time.
+	ClientConnectTimeout = time.Second
 )
 
 const (
@@ -569,7 +577,7 @@ func clientConfig(endpoints ...string) clientv3.Config {
 					Jitter:     0.2,
 					MaxDelay:   500 * time.Millisecond,
 				},
-				MinConnectTimeout: time.Second,
+				MinConnectTimeout: ClientConnectTimeout,
 			}),
 		},
 	}

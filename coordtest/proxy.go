@@ -212,7 +212,10 @@ func (p *Proxy) Unpause() {
 // delivered d after it was read (a connection's close likewise), in order,
 // and connections stay usable. It applies as well to the chunks read and not
 // yet delivered. Delay(0) removes it: what it holds is delivered at once.
-// Pause and Blackhole apply to a chunk once its delay is over.
+// Pause and Blackhole apply to a chunk once its delay is over. A client
+// of ClientConfig can open no new connection through a link delayed by
+// about ClientConnectTimeout or more (see there): keep a delay that must
+// outlast a reset well under it.
 func (p *Proxy) Delay(d time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

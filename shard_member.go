@@ -48,26 +48,31 @@ func decodeMember(prefix string, kv *mvccpb.KeyValue) (m ShardMember, ok bool) {
 }
 
 // rankedMember is a member as a shard ranks it: with its rendezvous
-// weight for the shard, hashed once.
+// weight and score for the shard, computed once. It points to the member,
+// which every shard's ranking shares: a fleet's rankings are shards ×
+// members of these, kept small.
 type rankedMember struct {
-	ShardMember
-	w uint64 // weight(shard, HostUUID)
+	*ShardMember
+	w     uint64  // weight(shard, HostUUID)
+	score float64 // see score
 }
 
 // rankOn returns m as shard ranks it.
-func rankOn(shard string, m ShardMember) rankedMember {
-	return rankedMember{m, weight(shard, m.HostUUID)}
+func rankOn(shard string, m *ShardMember) rankedMember {
+	w := weight(shard, m.HostUUID)
+	return rankedMember{m, w, score(m.Weight, w)}
 }
 
 // member returns m: what pickRanked picks from.
 func (m ShardMember) member() ShardMember { return m }
 
-// score is m's weighted rendezvous score: −w/ln(h), h its rendezvous
-// weight mapped into (0, 1). A member of weight 2 scores highest about
-// twice as often as one of weight 1.
-func (m rankedMember) score() float64 {
-	h := (float64(m.w>>11) + 0.5) / (1 << 53)
-	return -m.Weight / math.Log(h)
+// score is the weighted rendezvous score of a member of weight weight
+// whose rendezvous weight is w: −weight/ln(h), h being w mapped into
+// (0, 1). A member of weight 2 scores highest about twice as often as one
+// of weight 1.
+func score(weight float64, w uint64) float64 {
+	h := (float64(w>>11) + 0.5) / (1 << 53)
+	return -weight / math.Log(h)
 }
 
 // before reports whether a ranks before b for their shard: draining
@@ -78,10 +83,8 @@ func (a rankedMember) before(b rankedMember) bool {
 	if a.Draining != b.Draining {
 		return b.Draining
 	}
-	if a.Weight != b.Weight {
-		if sa, sb := a.score(), b.score(); sa != sb {
-			return sa > sb
-		}
+	if a.Weight != b.Weight && a.score != b.score {
+		return a.score > b.score
 	}
 	return heavier(a.w, a.HostUUID, b.w, b.HostUUID)
 }
@@ -97,7 +100,7 @@ func byRank(a, b rankedMember) int {
 
 // memberBefore reports whether member a ranks before member b for shard.
 func memberBefore(shard string, a, b ShardMember) bool {
-	return rankOn(shard, a).before(rankOn(shard, b))
+	return rankOn(shard, &a).before(rankOn(shard, &b))
 }
 
 // RankMembers returns members in the order every ShardSet ranks them for
@@ -111,12 +114,12 @@ func memberBefore(shard string, a, b ShardMember) bool {
 func RankMembers(shard string, members []ShardMember) []ShardMember {
 	ranked := make([]rankedMember, len(members))
 	for i, m := range members {
-		ranked[i] = rankOn(shard, m)
+		ranked[i] = rankOn(shard, &m)
 	}
 	slices.SortFunc(ranked, byRank)
 	out := make([]ShardMember, len(ranked))
 	for i, m := range ranked {
-		out[i] = m.ShardMember
+		out[i] = *m.ShardMember
 	}
 	return out
 }
@@ -190,10 +193,10 @@ func (s *ShardSet) reorderLocked() bool {
 			changed = true
 		}
 	}
-	var joined []ShardMember
+	var joined []*ShardMember
 	for h, m := range now {
 		if _, ok := s.ordered[h]; !ok {
-			joined = append(joined, m)
+			joined = append(joined, &m)
 			s.ordered[h] = m
 		}
 	}
@@ -208,6 +211,7 @@ func (s *ShardSet) reorderLocked() bool {
 			s.order[shard] = slices.Insert(o, i, m)
 			continue
 		}
+		o = slices.Grow(o, len(joined))
 		for _, m := range joined {
 			o = append(o, rankOn(shard, m))
 		}

@@ -183,3 +183,28 @@ rows_ok() {
 prebuild_tests() {
 	CGO_ENABLED=0 GOARCH=$1 nice -n 19 go test -count=1 -cover -run '^$' -exec true ./...
 }
+
+# compat_built_versions: the etcd versions .ci/compat builds from their
+# modules, on one line: the latest v3.5.x and v3.6.x releases the module
+# proxy serves, and v3.7.3, the version this module embeds.
+compat_built_versions() {
+	local all
+	all=$(go list -m -versions go.etcd.io/etcd/server/v3) || return
+	echo "$(etcd_latest 5 "$all") $(etcd_latest 6 "$all") v3.7.3"
+}
+
+# etcd_latest MINOR VERSIONS: the latest v3.MINOR.x release among
+# VERSIONS (space-separated).
+etcd_latest() {
+	tr ' ' '\n' <<< "$2" | awk -v m="v3.$1." 'index($0, m) == 1 && $0 !~ /-/' | sort -t. -k3,3n | tail -n 1
+}
+
+# prebuild_etcds: builds (.ci/etcd-build, cached) the etcd versions of
+# compat_built_versions at the lowest CPU priority, so that .ci/compat
+# finds them built.
+prebuild_etcds() {
+	local v
+	for v in $(compat_built_versions); do
+		nice -n 19 bash "$ci_dir/etcd-build" "$v"
+	done
+}

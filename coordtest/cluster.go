@@ -405,7 +405,9 @@ func (m *Member) Restart() {
 // Isolate cuts the member off from its peers, in both directions, as a
 // network partition would, while clients can still reach it. Raft requests
 // between it and the other members in progress are aborted and new ones are
-// refused (their connection is closed), until Heal. The member then finds
+// refused (their connection is closed), until Heal; Isolate returns once the
+// aborted ones have ended, so that nothing sent before it is delivered after
+// it (a read begun after Isolate cannot reach the leader). The member then finds
 // itself without a leader after an election timeout (if it led, it steps
 // down once it misses a quorum for that long), and the others elect a new
 // leader if needed. Its linearizable reads and its writes fail with a timeout

@@ -45,6 +45,7 @@ type peerRequest struct {
 	fromID string
 	to     *Member
 	cancel context.CancelFunc
+	done   chan struct{} // closed once its handler has returned
 }
 
 // peerProxy is the proxy in front of one member's peer listener.
@@ -144,7 +145,7 @@ func (n *peerNet) admit(fromID string, to *Member, cancel context.CancelFunc) (*
 	if n.closed || n.blockedLocked(to) || n.blockedLocked(n.ids[fromID]) {
 		return nil, false
 	}
-	req := &peerRequest{fromID: fromID, to: to, cancel: cancel}
+	req := &peerRequest{fromID: fromID, to: to, cancel: cancel, done: make(chan struct{})}
 	n.inflight[req] = struct{}{}
 	n.handlers.Add(1)
 	return req, true
@@ -154,6 +155,7 @@ func (n *peerNet) done(req *peerRequest) {
 	n.mu.Lock()
 	delete(n.inflight, req)
 	n.mu.Unlock()
+	close(req.done)
 	n.handlers.Done()
 }
 
@@ -173,22 +175,39 @@ func (n *peerNet) blockedLocked(m *Member) bool {
 	return m != nil && (n.isolated[m] || n.down[m])
 }
 
-// abortLocked aborts the requests in progress between m and its peers.
-func (n *peerNet) abortLocked(m *Member) {
+// abortLocked aborts the requests in progress between m and its peers,
+// and returns them.
+func (n *peerNet) abortLocked(m *Member) []*peerRequest {
+	var aborted []*peerRequest
 	for req := range n.inflight {
 		if req.to == m || n.ids[req.fromID] == m {
 			req.cancel()
+			aborted = append(aborted, req)
 		}
 	}
+	return aborted
 }
 
-// cut isolates m and aborts the requests in progress between it and its
-// peers.
+// cut isolates m, aborts the requests in progress between it and its
+// peers, and returns once their handlers have returned: from then on no
+// byte between m and its peers goes through the proxies (a raft message
+// read before the cut but not yet forwarded is dropped, not delivered
+// after Isolate returned). The wait is bounded by proxyCloseTimeout as a
+// safeguard: a handler returns as soon as its request is cancelled.
 func (n *peerNet) cut(m *Member) {
 	n.mu.Lock()
-	defer n.mu.Unlock()
 	n.isolated[m] = true
-	n.abortLocked(m)
+	aborted := n.abortLocked(m)
+	n.mu.Unlock()
+	timer := time.NewTimer(proxyCloseTimeout)
+	defer timer.Stop()
+	for _, req := range aborted {
+		select {
+		case <-req.done:
+		case <-timer.C:
+			return
+		}
+	}
 }
 
 // setDown marks m as stopping (and then stopped) or starting. While it is

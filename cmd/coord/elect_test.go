@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -50,7 +51,9 @@ func TestLeaderAndCampaign(t *testing.T) {
 			t.Fatalf("leader -o json: %+v", info)
 		}
 
-		b := startCoord(t, "--endpoints", ep, "campaign", "--ttl", "2s", "/e/sched", "beta")
+		// beta's TTL is short, and stretched on a slow CPU: it leads to
+		// the end (see TestSemaphoreAndAcquire).
+		b := startCoord(t, "--endpoints", ep, "campaign", "--ttl", (2 * time.Second * scale).String(), "/e/sched", "beta")
 		b.waitOutput(t, b.stderr, "campaigning")
 		eventually(t, "beta in line", func() bool { return candidates("/e/sched") == 2 })
 		ra := a.stop(t)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -59,7 +60,10 @@ func TestSemaphoreAndAcquire(t *testing.T) {
 	t.Run("acquire holds, semaphore lists holders and waiters, Ctrl-C releases to the next in line", func(t *testing.T) {
 		a := startCoord(t, "acquire", "/s/maint", "alpha", "--limit", "2", "--endpoints", ep)
 		a.waitOutput(t, a.stdout, `holding a permit of /s/maint as "alpha" (token `)
-		b := startCoord(t, "--endpoints", ep, "acquire", "--limit", "2", "--ttl", "2s", "/s/maint", "beta")
+		// beta's TTL is short, and stretched on a slow CPU: it holds to
+		// the end (on riscv64 under emulation, its 2 s lease expired, and
+		// the next in line took its permit instead of waiting).
+		b := startCoord(t, "--endpoints", ep, "acquire", "--limit", "2", "--ttl", (2 * time.Second * scale).String(), "/s/maint", "beta")
 		b.waitOutput(t, b.stdout, `holding a permit of /s/maint as "beta"`)
 		g := startCoord(t, "--endpoints", ep, "acquire", "--limit", "2", "/s/maint", "gamma")
 		g.waitOutput(t, g.stderr, "acquiring")

@@ -27,7 +27,7 @@ const smKey = "/coord/test/semaphore"
 const smPrefix = smKey + "/"
 
 // smSemaphore joins the semaphore opts.Key (default smKey, Limit 2, TTL
-// 2s) on cli and closes it at the end of the test.
+// 2 s × scale) on cli and closes it at the end of the test.
 func smSemaphore(t *testing.T, cli *clientv3.Client, opts SemaphoreOptions) *Semaphore {
 	t.Helper()
 	if opts.Key == "" {
@@ -37,7 +37,9 @@ func smSemaphore(t *testing.T, cli *clientv3.Client, opts SemaphoreOptions) *Sem
 		opts.Limit = 2
 	}
 	if opts.TTL == 0 {
-		opts.TTL = 2 * time.Second
+		// Stretched on a slow CPU: on riscv64 under emulation a holder's
+		// 2 s lease expired under the other tests' load.
+		opts.TTL = 2 * time.Second * scale
 	}
 	s, err := NewSemaphore(testCtx(t), cli, opts)
 	if err != nil {

@@ -198,13 +198,3 @@ compat_built_versions() {
 etcd_latest() {
 	tr ' ' '\n' <<< "$2" | awk -v m="v3.$1." 'index($0, m) == 1 && $0 !~ /-/' | sort -t. -k3,3n | tail -n 1
 }
-
-# prebuild_etcds: builds (.ci/etcd-build, cached) the etcd versions of
-# compat_built_versions at the lowest CPU priority, so that .ci/compat
-# finds them built.
-prebuild_etcds() {
-	local v
-	for v in $(compat_built_versions); do
-		nice -n 19 bash "$ci_dir/etcd-build" "$v"
-	done
-}

@@ -172,29 +172,3 @@ rows_ok() {
 		[ "$(row_status "$f")" = ok ] || return 1
 	done
 }
-
-# prebuild_tests GOARCH: compiles the test binaries of every package for
-# GOARCH into the build cache, as .ci/cross builds them (CGO_ENABLED=0,
-# coverage on), at the lowest CPU priority, and runs none of them (-exec
-# true): the run that follows only links. On a cold build cache that is
-# the etcd server and its dependencies, about a minute of CPU per GOARCH,
-# done while tests wait on their TTLs. A failure is for that run to
-# report.
-prebuild_tests() {
-	CGO_ENABLED=0 GOARCH=$1 nice -n 19 go test -count=1 -cover -run '^$' -exec true ./...
-}
-
-# compat_built_versions: the etcd versions .ci/compat builds from their
-# modules, on one line: the latest v3.5.x and v3.6.x releases the module
-# proxy serves, and v3.7.3, the version this module embeds.
-compat_built_versions() {
-	local all
-	all=$(go list -m -versions go.etcd.io/etcd/server/v3) || return
-	echo "$(etcd_latest 5 "$all") $(etcd_latest 6 "$all") v3.7.3"
-}
-
-# etcd_latest MINOR VERSIONS: the latest v3.MINOR.x release among
-# VERSIONS (space-separated).
-etcd_latest() {
-	tr ' ' '\n' <<< "$2" | awk -v m="v3.$1." 'index($0, m) == 1 && $0 !~ /-/' | sort -t. -k3,3n | tail -n 1
-}

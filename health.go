@@ -315,9 +315,10 @@ func (s *ShardSet) candidatesLost() {
 // line "<name>: <error>" per failing check. With ?verbose it lists every
 // check, "[+]<name> ok" or "[-]<name> failed: <error>", then "healthz
 // check passed" or "healthz check failed", as Kubernetes' /readyz?verbose
-// does. The checks run at once, each within a second: one that
-// panics fails, one that takes longer fails as "timed out" (its goroutine
-// ends when the check returns). checks is read at each request.
+// does. The checks run at once, each within a second: one that panics
+// fails, and so does a nil one; one that takes longer fails as "timed
+// out" (its goroutine ends when the check returns). checks is read at
+// each request.
 func HealthHandler(checks map[string]Checker) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
@@ -340,8 +341,12 @@ func HealthHandler(checks map[string]Checker) http.Handler {
 	})
 }
 
-// runCheck runs c.Healthy within timeout; a panic is its error.
+// runCheck runs c.Healthy within timeout; a panic is its error, and so
+// is a nil Checker (a map entry without a check).
 func runCheck(c Checker, timeout time.Duration) error {
+	if c == nil {
+		return errors.New("no checker (nil)")
+	}
 	res := make(chan error, 1) // the check's goroutine never blocks on it
 	go func() {
 		defer func() {

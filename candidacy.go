@@ -324,9 +324,8 @@ func (c *candidacy) waitDelete(ctx context.Context, rev int64, key string, ahead
 				return ev.Kv.ModRevision, true
 			}
 		}
-		if wr.Err() != nil {
-			break
-		}
+		// A response with an error (compacted, cancelled) is the
+		// watch's last: the client closes the channel after it.
 	}
 	return 0, false
 }

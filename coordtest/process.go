@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -320,7 +321,12 @@ func (p *Process) start() error {
 }
 
 // waitReady probes the process until it serves a linearizable read, it
-// exits, or the deadline passes; on failure it kills it.
+// exits, or the deadline passes; on failure it kills it. An answer counts
+// only from a server that lists our peer URL among its members: the
+// client port, free when it was picked, may have been taken since by
+// another test's server, which would answer the probe while this process
+// exits with "address already in use" (a test then ran on a stranger's
+// server, and a Stop did not stop what it talked to).
 func (p *Process) waitReady(deadline time.Time) error {
 	p.lifeMu.Lock()
 	exited := p.exited
@@ -336,6 +342,9 @@ func (p *Process) waitReady(deadline time.Time) error {
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
 		_, err = cli.Get(ctx, "health")
+		if err == nil {
+			err = p.isOurs(ctx, cli)
+		}
 		cancel()
 		if err == nil {
 			return nil
@@ -350,6 +359,21 @@ func (p *Process) waitReady(deadline time.Time) error {
 			return p.startFailure(fmt.Sprintf("not ready after %v (%v)", readyTimeout, err))
 		}
 	}
+}
+
+// isOurs fails unless the server cli reaches lists our peer URL among its
+// members: it is this process (or, in a cluster, reaches it).
+func (p *Process) isOurs(ctx context.Context, cli *clientv3.Client) error {
+	resp, err := cli.MemberList(ctx)
+	if err != nil {
+		return err
+	}
+	for _, m := range resp.Members {
+		if slices.Contains(m.PeerURLs, p.peerURL.String()) {
+			return nil
+		}
+	}
+	return fmt.Errorf("another etcd answers on %s (no member has peer URL %s)", p.Endpoint(), p.peerURL.String())
 }
 
 // startFailure is the error of a start that failed: what happened and the

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -128,6 +129,36 @@ func TestNewProcessFails(t *testing.T) {
 	}()
 	if !strings.Contains(ft.msg, "/nonexistent/etcd") {
 		t.Fatalf("failure = %q, want the binary named", ft.msg)
+	}
+}
+
+// A process whose client port another server took between the pick and
+// the bind must not take that server's answers for its own: its start
+// fails as a port taken (NewProcess and Restart then pick again), and
+// the stranger is left alone.
+func TestProcessPortTakenByAnotherServer(t *testing.T) {
+	other := NewServer(t)
+	ports, err := freeLoopbackPorts(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := etcdBinary(t)
+	ver, err := BinaryVersion(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newProcess(t, bin, ver, Config{}, t.TempDir(), "default")
+	p.clientURL = other.clientURL
+	p.peerURL = loopbackURL("http", ports[0])
+	p.initialCluster = "default=" + p.peerURL.String()
+	p.clusterToken = "coordtest-taken"
+	t.Cleanup(p.Close)
+	err = p.startAndWait(time.Now().Add(readyTimeout))
+	if !errors.Is(err, errPortTaken) {
+		t.Fatalf("start on a port another etcd serves: err = %v, want errPortTaken", err)
+	}
+	if _, err := other.Client().Get(testCtx(t), "k"); err != nil {
+		t.Fatalf("the other server after the failed start: %v", err)
 	}
 }
 

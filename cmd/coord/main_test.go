@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -36,6 +37,31 @@ var scale = testenv.Scale()
 
 // waitLimit bounds every wait of the tests: generous, for slow machines.
 var waitLimit = 20 * time.Second * scale
+
+// dialTimeout is the --dial-timeout of the command lines the tests run
+// that name their endpoints and no --dial-timeout: the default (2 s),
+// stretched by scale. On riscv64 under emulation, in a cold CI run, a
+// command's connection check missed the plain 2 s ("cannot reach etcd at
+// ... within 2s"), in TestSemaphoreAndAcquire and TestTLS.
+var dialTimeout = 2 * time.Second * scale
+
+// withDialTimeout returns args with --dial-timeout dialTimeout appended if
+// they name endpoints and no dial timeout.
+func withDialTimeout(args []string) []string {
+	named := false
+	for _, a := range args {
+		switch {
+		case a == "--dial-timeout" || strings.HasPrefix(a, "--dial-timeout="):
+			return args
+		case a == "--endpoints" || strings.HasPrefix(a, "--endpoints="):
+			named = true
+		}
+	}
+	if !named {
+		return args
+	}
+	return append(slices.Clip(args), "--dial-timeout", dialTimeout.String())
+}
 
 // newEtcd starts an embedded etcd for t, stopped when t ends, and returns
 // it, its endpoint and a client of it.
@@ -77,7 +103,7 @@ func runCoord(t *testing.T, args ...string) result {
 	defer cancel()
 	var stdout, stderr syncBuffer
 	start := time.Now()
-	code := run(ctx, args, &stdout, &stderr)
+	code := run(ctx, withDialTimeout(args), &stdout, &stderr)
 	return result{code, stdout.String(), stderr.String(), time.Since(start)}
 }
 
@@ -98,7 +124,7 @@ func startCoord(t *testing.T, args ...string) *bgCoord {
 	c := &bgCoord{args: args, cancel: cancel, done: make(chan result, 1), stdout: &syncBuffer{}, stderr: &syncBuffer{}}
 	go func() {
 		start := time.Now()
-		code := run(ctx, args, c.stdout, c.stderr)
+		code := run(ctx, withDialTimeout(args), c.stdout, c.stderr)
 		c.done <- result{code, c.stdout.String(), c.stderr.String(), time.Since(start)}
 	}()
 	t.Cleanup(func() { c.stop(t) })

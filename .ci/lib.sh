@@ -34,24 +34,67 @@ browser_path() {
 # passwordless sudo. The browser test fails CI without one: its skip is
 # not declared in .ci/skips.
 install_browser() {
-	local found sudo=''
+	local found
 	found=$(browser_path)
 	if [ -n "$found" ]; then
 		echo "browser for the browser test: $found"
 		return 0
 	fi
-	if [ "$(id -u)" != 0 ]; then sudo="sudo -n"; fi
 	echo "installing chromium (the browser test's)"
-	$sudo apt-get update -qq
-	# Quiet: only errors, less debconf's notice that apt-utils is missing.
-	$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium 2>&1 > /dev/null |
-		{ grep -v '^debconf: delaying package configuration' >&2 || true; }
+	apt_install chromium
 	found=$(browser_path)
 	if [ -z "$found" ]; then
 		echo "no browser after installing chromium" >&2
 		return 1
 	fi
 	echo "browser for the browser test: $found"
+}
+
+# apt_install [-t RELEASE] PKG...: installs Debian packages with apt, from
+# RELEASE if given (e.g. bookworm-backports; its source is added if the
+# system has none). Root or passwordless sudo. Quiet: only errors, less
+# debconf's notice that apt-utils is missing.
+apt_install() {
+	local sudo='' target=()
+	if [ "$(id -u)" != 0 ]; then sudo="sudo -n"; fi
+	if [ "${1:-}" = -t ]; then
+		target=(-t "$2")
+		if ! grep -rqs "$2" /etc/apt/sources.list /etc/apt/sources.list.d/; then
+			printf 'Types: deb\nURIs: http://deb.debian.org/debian\nSuites: %s\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' "$2" |
+				$sudo tee "/etc/apt/sources.list.d/$2.sources" > /dev/null
+		fi
+		shift 2
+	fi
+	$sudo apt-get update -qq
+	$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+		"${target[@]}" "$@" 2>&1 > /dev/null |
+		{ grep -v '^debconf: delaying package configuration' >&2 || true; }
+}
+
+# qemu_release: the Debian release to take qemu-user-static from: on
+# Debian 12 (bookworm), bookworm-backports (qemu 10), as its own qemu 7.2
+# cannot run etcd on loong64 (see .ci/cross's probe); elsewhere nothing
+# (the system's own).
+qemu_release() {
+	if [ -r /etc/os-release ] && [ "$(. /etc/os-release && echo "${ID:-}-${VERSION_CODENAME:-}")" = debian-bookworm ]; then
+		echo bookworm-backports
+	fi
+}
+
+# The targets .ci/cross runs by default, in this order. riscv64 last: the
+# slowest under emulation, its shard and command tests missed their
+# deadlines in a cold run while the next target compiled beside them
+# (even at nice 19); last, nothing compiles then.
+cross_targets=(arm64 ppc64le s390x loong64 riscv64)
+
+# qemu_cpu GOARCH: the name of the qemu user-mode emulator's CPU.
+qemu_cpu() {
+	case $1 in
+	arm64) echo aarch64 ;;
+	loong64) echo loongarch64 ;;
+	ppc64le | s390x | riscv64) echo "$1" ;;
+	*) echo "cross: no emulator known for GOARCH=$1" >&2; return 1 ;;
+	esac
 }
 
 # The `go test -json` logs, the coverage profiles and the declared skips

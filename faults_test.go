@@ -376,10 +376,13 @@ func TestFaultRenewalStream(t *testing.T) {
 		srv, _ := newEtcd(t)
 		cli, opened := fcCountingClient(t, srv.ClientConfig())
 		tap, log := newLogTap()
-		h := register(t, cli, "a", LivenessOptions{TTL: time.Second, Logger: log})
-		a := etElection(t, cli, ElectionOptions{Key: etKey + "-a", TTL: time.Second})
-		b := etElection(t, cli, ElectionOptions{Key: etKey + "-b", TTL: time.Second})
-		p := ptPool(t, cli, PoolOptions{TTL: time.Second, KeysPerSession: 2})
+		// Scaled: a lease lost for want of CPU (1 s under riscv64
+		// emulation did) is not what this test is about.
+		ttl := time.Second * scale
+		h := register(t, cli, "a", LivenessOptions{TTL: ttl, Logger: log})
+		a := etElection(t, cli, ElectionOptions{Key: etKey + "-a", TTL: ttl})
+		b := etElection(t, cli, ElectionOptions{Key: etKey + "-b", TTL: ttl})
+		p := ptPool(t, cli, PoolOptions{TTL: ttl, KeysPerSession: 2})
 		var ks []*keeper
 		for _, e := range []*Election{a, b, ptElection(t, p, etKey+"-c"), ptElection(t, p, etKey+"-d"), ptElection(t, p, etKey+"-e")} {
 			etCampaign(t, e, "x")

@@ -830,7 +830,8 @@ func TestShardFailover(t *testing.T) {
 	t.Parallel() // long and bound by waits: see "Parallel tests" in helpers_test.go
 	_, l, shards, hosts := shFleet(t, 32, 4)
 	ttl := 2 * time.Second * scale
-	owners := shStartAll(t, l, hosts, ShardOptions{Shards: shards, TTL: ttl})
+	tap, log := newLogTap()
+	owners := shStartAll(t, l, hosts, ShardOptions{Shards: shards, TTL: ttl, Logger: log})
 	// The victim: the host that owns most.
 	victim := slices.MaxFunc(hosts, func(a, b *shHost) int { return len(a.set.Owned()) - len(b.set.Owned()) })
 	var lost []string
@@ -856,15 +857,25 @@ func TestShardFailover(t *testing.T) {
 	if p99 > ttl+time.Second*scale {
 		t.Fatalf("failover p99 %v, want within TTL + 1s = %v", p99, ttl+time.Second*scale)
 	}
-	for _, ev := range l.since(mark, SignalShardAcquired) {
-		if !slices.Contains(lost, ev.Shard) {
-			t.Fatalf("%s acquired %s, which the crashed host did not own", ev.Host, ev.Shard)
+	// What the shard sets logged of a shard that should not have moved.
+	explain := func(shard string) {
+		for _, line := range tap.lines() {
+			if strings.Contains(line, shard) {
+				t.Log(line)
+			}
 		}
 	}
 	// The crashed host's shard set saw its client closed: its Runs ended.
 	for _, ev := range l.since(mark, SignalShardReleased) {
 		if ev.Host != victim.id || !errors.Is(ev.Err, ErrClientClosed) {
+			explain(ev.Shard)
 			t.Fatalf("%s released %s because %v", ev.Host, ev.Shard, ev.Err)
+		}
+	}
+	for _, ev := range l.since(mark, SignalShardAcquired) {
+		if !slices.Contains(lost, ev.Shard) {
+			explain(ev.Shard)
+			t.Fatalf("%s acquired %s, which the crashed host did not own", ev.Host, ev.Shard)
 		}
 	}
 	if got := victim.set.Owned(); len(got) != 0 {

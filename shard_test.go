@@ -330,7 +330,7 @@ type shHost struct {
 	set  *ShardSet
 }
 
-// shRegister registers each id (liveness TTL 1s) on a client of its own,
+// shRegister registers each id (liveness TTL 1 s × COORD_TEST_SCALE) on a client of its own,
 // through a proxy of its own.
 func shRegister(t *testing.T, srv *coordtest.Server, ids ...string) []*shHost {
 	t.Helper()
@@ -338,7 +338,9 @@ func shRegister(t *testing.T, srv *coordtest.Server, ids ...string) []*shHost {
 	for _, id := range ids {
 		h := &shHost{id: id, px: srv.NewProxy(t)}
 		h.cli = h.px.NewClient(t)
-		h.live = register(t, h.cli, id, LivenessOptions{})
+		// 1 s × COORD_TEST_SCALE: under emulation a lease of 1 s can
+		// lapse for want of CPU, and the host, seen down, loses shards.
+		h.live = register(t, h.cli, id, LivenessOptions{TTL: time.Second * scale})
 		hs = append(hs, h)
 	}
 	return hs

@@ -136,6 +136,7 @@ func TestCompat(t *testing.T) {
 		{"election", testCompatElection},
 		{"pool", testCompatPool},
 		{"shardset", testCompatShardSet},
+		{"semaphore", testCompatSemaphore},
 	} {
 		t.Run(p.name, func(t *testing.T) {
 			t.Parallel()
@@ -387,6 +388,61 @@ func testCompatShardSet(t *testing.T) {
 	compatWithin(t, "handoff after a crash", settled, 2*ttl)
 	compatFigures(t, "shardset", "shards", len(shards), "members", len(hosts), "moved", len(moved),
 		"crash→reowned", settled, "writes", len(l.acked()), "overlaps", overlaps)
+}
+
+// testCompatSemaphore: Limit 2 permits are held at once, fleet-wide; a
+// holder cut off from etcd steps down before a waiter takes its place;
+// tokens increase; the old holder's Guard no longer holds and the new
+// one's does; a Release hands its permit to the next in line at once.
+func testCompatSemaphore(t *testing.T) {
+	e := compatEtcd(t)
+	cli, ttl := e.Client(), compatTTL()
+	px := e.NewProxy(t)
+	t.Cleanup(px.Unblackhole) // before a's Close: its release then gets through
+	opts := func(id string) SemaphoreOptions { return SemaphoreOptions{Limit: 2, TTL: ttl, Identity: id} }
+	a := smSemaphore(t, px.NewClient(t), opts("a"))
+	b := smSemaphore(t, e.NewClient(t), opts("b"))
+	c := smSemaphore(t, e.NewClient(t), opts("c"))
+	d := smSemaphore(t, e.NewClient(t), opts("d"))
+	pa, pb := smAcquire(t, a), smAcquire(t, b)
+	res := smQueue(t, testCtx(t), cli, c, 3)
+	smWaiting(t, res)
+	if hs, err := d.Holders(testCtx(t)); err != nil || len(hs) != 2 {
+		t.Fatalf("Holders() = %v, %v; want a's and b's", hs, err)
+	}
+	aGuard := pa.Guard()
+
+	px.Blackhole()
+	cut := time.Now()
+	waitClosed(t, pa.Done(), "Done of the holder cut off")
+	stepped := time.Now()
+	got := smGot(t, res)
+	if !stepped.Before(got.at) {
+		t.Errorf("the old holder stepped down %v after the waiter acquired", stepped.Sub(got.at))
+	}
+	if got.p.Token() <= max(pa.Token(), pb.Token()) {
+		t.Errorf("the waiter's token %d, not above %d and %d", got.p.Token(), pa.Token(), pb.Token())
+	}
+	if etGuarded(t, cli, aGuard) {
+		t.Error("the old holder's Guard still holds")
+	}
+	if !etGuarded(t, cli, got.p.Guard()) || !etGuarded(t, cli, pb.Guard()) {
+		t.Error("a holder's Guard does not hold")
+	}
+
+	// A Release: the next in line holds at once.
+	next := smQueue(t, testCtx(t), cli, d, 3)
+	smWaiting(t, next)
+	released := time.Now()
+	smRelease(t, cli, pb)
+	handover := smGot(t, next).at.Sub(released)
+	compatWithin(t, "handover after a Release", handover, 0)
+	if hs, err := d.Holders(testCtx(t)); err != nil || len(hs) != 2 {
+		t.Fatalf("Holders() = %v, %v; want c's and d's", hs, err)
+	}
+	compatWithin(t, "step-down", stepped.Sub(cut), 2*ttl/3)
+	compatFigures(t, "semaphore", "limit", 2, "ttl", ttl, "stepdown", stepped.Sub(cut), "successor", got.at.Sub(cut),
+		"handover", handover)
 }
 
 // compatBinary is the etcd binary of the suite, "" for the embedded server.

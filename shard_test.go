@@ -330,16 +330,16 @@ type shHost struct {
 	set  *ShardSet
 }
 
-// shRegister registers each id (liveness TTL 1 s × COORD_TEST_SCALE) on a client of its own,
-// through a proxy of its own.
+// shRegister registers each id on a client of its own, through a proxy of
+// its own, with a liveness TTL of 1 s × COORD_TEST_SCALE: under emulation
+// a lease of 1 s can lapse for want of CPU, and the host, seen down,
+// loses shards.
 func shRegister(t *testing.T, srv *coordtest.Server, ids ...string) []*shHost {
 	t.Helper()
 	var hs []*shHost
 	for _, id := range ids {
 		h := &shHost{id: id, px: srv.NewProxy(t)}
 		h.cli = h.px.NewClient(t)
-		// 1 s × COORD_TEST_SCALE: under emulation a lease of 1 s can
-		// lapse for want of CPU, and the host, seen down, loses shards.
 		h.live = register(t, h.cli, id, LivenessOptions{TTL: time.Second * scale})
 		hs = append(hs, h)
 	}

@@ -3,7 +3,6 @@ package coord
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"strings"
@@ -236,8 +235,9 @@ type ShardOptions struct {
 	OnSignal func(Signal)
 }
 
-// discard is the logger used when none is given.
-var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
+// discard is the logger used when none is given: it is enabled at no
+// level, so no record is even built.
+var discard = slog.New(slog.DiscardHandler)
 
 func logger(l *slog.Logger) *slog.Logger {
 	if l == nil {

@@ -610,6 +610,8 @@ func (f *benchShardFleet) shardOptions(h *benchShardHost) coord.ShardOptions {
 		},
 		OnSignal: func(sig coord.Signal) {
 			switch sig.Kind {
+			case coord.SignalLeadershipGained: // the pool's: Key is the shard's election
+				f.tr.lead(strings.TrimPrefix(sig.Key, f.prefix+"shards/"), sig.Identity)
 			case coord.SignalShardAcquired:
 				f.tr.set(sig.Shard, sig.Host, true, 0)
 			case coord.SignalShardReleased:
@@ -911,6 +913,7 @@ type benchShardTracker struct {
 	heals    int // a live host registered again
 	phases   int
 	changed  chan struct{}
+	led      map[[2]string]time.Time // by shard and host: its last leadership gained
 }
 
 // note counts one more of *n, if host is live.
@@ -936,9 +939,12 @@ func (t *benchShardTracker) troublesSince(lost0, heals0 int) (lost, heals int) {
 	return lost - lost0, heals - heals0
 }
 
+// benchShardAcquire is an acquire signal: at is when it came, led when
+// the acquirer's leadership of the shard began before it (the pool's
+// leadership signal: its campaign won; zero if none came).
 type benchShardAcquire struct {
 	host, shard string
-	at          time.Time
+	at, led     time.Time
 }
 
 // benchShardRelease is a release signal: at is when it came, ended when
@@ -969,7 +975,7 @@ func (t *benchShardTracker) handoffs(m benchShardMark) benchShardHandoffs {
 
 func newBenchShardTracker(shards []string) *benchShardTracker {
 	t := &benchShardTracker{holders: map[string]map[string]bool{}, ok: map[string]bool{}, live: map[string]bool{},
-		changed: make(chan struct{}, 1)}
+		changed: make(chan struct{}, 1), led: map[[2]string]time.Time{}}
 	for _, s := range shards {
 		t.holders[s] = map[string]bool{}
 		t.ok[s] = false
@@ -1019,7 +1025,7 @@ func (t *benchShardTracker) set(shard, host string, held bool, drain time.Durati
 	}
 	if held {
 		hs[host] = true
-		t.acquired = append(t.acquired, benchShardAcquire{host, shard, now})
+		t.acquired = append(t.acquired, benchShardAcquire{host, shard, now, t.led[[2]string{shard, host}]})
 		if n, _ := t.ownersLocked(shard); n > 1 {
 			t.overlaps++
 		}
@@ -1030,6 +1036,16 @@ func (t *benchShardTracker) set(shard, host string, held bool, drain time.Durati
 	t.updateLocked(shard, now)
 	t.mu.Unlock()
 	t.kick()
+}
+
+// lead records that host's leadership of shard began (its campaign won).
+func (t *benchShardTracker) lead(shard, host string) {
+	now := time.Now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, known := t.holders[shard]; known {
+		t.led[[2]string{shard, host}] = now
+	}
 }
 
 func (t *benchShardTracker) updateLocked(shard string, now time.Time) {

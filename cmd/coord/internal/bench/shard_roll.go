@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-coord/coord"
@@ -52,6 +53,11 @@ type benchShardHandoffs struct {
 	span     benchShardHandoff   // the one with the longest span
 	drain    time.Duration       // the longest a Run took to return after its ctx ended
 	unowned  []benchShardRelease // releases that no acquire of their shard followed
+	// Every handoff's gap, sorted, and its halves where the successor's
+	// leadership signal came between (release → led: the resign's delete
+	// reaching the successor's watch; led → acquire: its campaign's
+	// return and its read of the candidates).
+	gaps, toLed, fromLed benchLatencies
 }
 
 // benchShardHandoffsOf pairs each release with the next acquire of its
@@ -74,6 +80,10 @@ func benchShardHandoffsOf(acq []benchShardAcquire, rel []benchShardRelease) benc
 		}
 		ho := benchShardHandoff{r, as[i]}
 		all = append(all, ho)
+		h.gaps = append(h.gaps, ho.gap())
+		if led := ho.acq.led; !led.Before(r.at) && !led.After(ho.acq.at) {
+			h.toLed, h.fromLed = append(h.toLed, led.Sub(r.at)), append(h.fromLed, ho.acq.at.Sub(led))
+		}
 		if h.handoffs == 0 || ho.gap() > h.gap.gap() {
 			h.gap = ho
 		}
@@ -82,6 +92,7 @@ func benchShardHandoffsOf(acq []benchShardAcquire, rel []benchShardRelease) benc
 		}
 		h.handoffs++
 	}
+	h.gaps, h.toLed, h.fromLed = h.gaps.sorted(), h.toLed.sorted(), h.fromLed.sorted()
 	h.inFlight = benchMostAtOnce(all)
 	to := map[string][]benchShardHandoff{}
 	for _, ho := range all {
@@ -115,12 +126,13 @@ func benchMostAtOnce(hs []benchShardHandoff) int {
 
 // benchShardDrainResult is what the drain measured.
 type benchShardDrainResult struct {
-	member      string        // who drained
-	members     int           // live members then, the drainer included
-	owned       int           // the shards it owned then
-	drained     time.Duration // Drain's call → its return
-	settled     time.Duration // Drain's call → the last successor's acquire
-	rtt         time.Duration // a Get's round trip before, median of benchShardRTTs
+	member      string         // who drained
+	members     int            // live members then, the drainer included
+	owned       int            // the shards it owned then
+	drained     time.Duration  // Drain's call → its return
+	settled     time.Duration  // Drain's call → the last successor's acquire
+	rtt         time.Duration  // a Get's round trip before, median of benchShardRTTs
+	rtts        benchLatencies // the round trips probed while the drain ran
 	lost, heals int
 	overlaps    int
 	h           benchShardHandoffs
@@ -135,6 +147,7 @@ type benchShardRollResult struct {
 	took, step      time.Duration // the whole roll; its longest turn
 	owned           int           // shards the rolled members owned at their turn
 	allowed         map[string]int
+	rtts            benchLatencies // the round trips probed while the roll ran
 	lost, heals     int
 	overlaps        int
 	h               benchShardHandoffs
@@ -158,7 +171,10 @@ func (r benchShardRollResult) over() (n int, first string, most int) {
 	return n, first, most
 }
 
-const benchShardRTTs = 21
+const (
+	benchShardRTTs       = 21
+	benchShardProbeEvery = 20 * time.Millisecond
+)
 
 // roundTrip returns the median of benchShardRTTs Gets' round trips.
 func (f *benchShardFleet) roundTrip(ctx context.Context) (time.Duration, error) {
@@ -171,6 +187,37 @@ func (f *benchShardFleet) roundTrip(ctx context.Context) (time.Duration, error) 
 		ds = append(ds, time.Since(t))
 	}
 	return benchPct(ds.sorted(), 50), nil
+}
+
+// probe times round trips under the load of a stretch of the run: a Put
+// (a write, as a resign is) on the bench's client every
+// benchShardProbeEvery, one at a time, until the returned func is first
+// called; it returns them sorted, every time. A Put that fails ends the
+// probe.
+func (f *benchShardFleet) probe(ctx context.Context) func() benchLatencies {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan benchLatencies)
+	go func() {
+		var ds benchLatencies
+		tick := time.NewTicker(benchShardProbeEvery)
+		defer tick.Stop()
+		for {
+			t := time.Now()
+			if _, err := f.env.cli.Put(ctx, f.prefix+"rtt", "probe"); err != nil {
+				done <- ds.sorted()
+				return
+			}
+			ds = append(ds, time.Since(t))
+			select {
+			case <-ctx.Done():
+			case <-tick.C:
+			}
+		}
+	}()
+	return sync.OnceValue(func() benchLatencies {
+		cancel()
+		return <-done
+	})
 }
 
 // drainBusiest makes every Run drain benchShardRunDrain from now on, and
@@ -187,10 +234,13 @@ func (f *benchShardFleet) drainBusiest(ctx context.Context, r *benchShardResult)
 	t0 := time.Now()
 	d := &r.drain
 	d.member, d.members, d.owned, d.rtt = f.name(h.id), len(f.live()), owned, rtt
+	rtts := f.probe(ctx)
+	defer rtts()
 	if d.drained, err = f.drain(ctx, h); err != nil {
 		return err
 	}
 	at, err := f.settle(ctx, "every shard handed over by the drain", time.Minute)
+	d.rtts = rtts()
 	if err != nil {
 		return err
 	}
@@ -218,6 +268,8 @@ func (f *benchShardFleet) roll(ctx context.Context, r *benchShardResult, n int) 
 	lost0, heals0 := f.tr.troubles()
 	overlaps0, mark := f.tr.overlapCount(), f.tr.mark()
 	t0 := time.Now()
+	rtts := f.probe(ctx)
+	defer rtts()
 	for _, h := range live[:ro.rolled] {
 		t := time.Now()
 		ro.owned += f.tr.owns(h.id)
@@ -238,6 +290,7 @@ func (f *benchShardFleet) roll(ctx context.Context, r *benchShardResult, n int) 
 		ro.step = max(ro.step, time.Since(t))
 		f.progress("rolling restart: %s done in %v", h.id, time.Since(t).Round(time.Millisecond))
 	}
+	ro.rtts = rtts()
 	r.rolled, ro.took, ro.h = true, time.Since(t0), f.tr.handoffs(mark)
 	ro.gapAt, ro.spanAt, ro.unownedAt = f.describe(ro.h.gap, t0), f.describe(ro.h.span, t0), f.unowned(ro.h.unowned, t0)
 	ro.lost, ro.heals = f.tr.troublesSince(lost0, heals0)
@@ -303,8 +356,12 @@ func (f *benchShardFleet) describe(ho benchShardHandoff, t0 time.Time) string {
 		return "none"
 	}
 	ms := func(t time.Time) string { return benchMs(t.Sub(t0)) }
-	return fmt.Sprintf("%s, %s → %s: ctx ended at +%s ms, released at +%s, acquired at +%s",
-		ho.rel.shard, f.name(ho.rel.host), f.name(ho.acq.host), ms(ho.rel.ended), ms(ho.rel.at), ms(ho.acq.at))
+	led := "no leadership signal"
+	if !ho.acq.led.IsZero() {
+		led = "its successor led at +" + ms(ho.acq.led)
+	}
+	return fmt.Sprintf("%s, %s → %s: ctx ended at +%s ms, released at +%s, %s, acquired at +%s",
+		ho.rel.shard, f.name(ho.rel.host), f.name(ho.acq.host), ms(ho.rel.ended), ms(ho.rel.at), led, ms(ho.acq.at))
 }
 
 // unowned describes the releases that no acquire followed, the first few.
@@ -333,16 +390,25 @@ func benchMet(ok bool) string {
 func benchShardGapGoal(rtt time.Duration) time.Duration { return benchShardRunDrain + 2*rtt }
 
 // benchShardGaps states the gap goals of h with their figures, met or
-// missed: the issue's; the strict one, the drain being over at the
-// release; the handoff's, from the Run's ctx end.
-func benchShardGaps(h benchShardHandoffs, rtt time.Duration, gapAt, spanAt string) string {
+// missed: the issue's, the drain + 2 round trips; the strict one, the
+// drain being over at the release signal, against 2 round trips timed
+// idle before (rtt, a median) and under the stretch's own load (rtts,
+// sorted); the handoff's, from the Run's ctx end.
+func benchShardGaps(h benchShardHandoffs, rtt time.Duration, rtts benchLatencies, gapAt, spanAt string) string {
 	goal, ms := benchShardGapGoal(rtt), func(d time.Duration) string { return fmt.Sprintf("%.2f", d.Seconds()*1000) }
+	gap, owned := h.gap.gap(), len(h.unowned) == 0
+	med, top := benchPct(rtts, 50), benchPct(rtts, 100)
 	return fmt.Sprintf("the largest gap without an owner (release → acquire) ≤ drain + 2 round trips = %s ms (%s + 2 × %s ms, the median of %d Gets before the drain) %s; "+
-		"strictly, the release signal comes once the drain is over, so gap ≤ 2 round trips = %s ms %s (%s); "+
-		"the longest handoff (ctx end → acquire) ≤ %s ms %s (%s; the longest Run drain: %s ms)",
-		ms(goal), benchMs(benchShardRunDrain), benchMs(rtt), benchShardRTTs, benchMet(h.gap.gap() <= goal && len(h.unowned) == 0),
-		ms(2*rtt), benchMet(h.gap.gap() <= 2*rtt && len(h.unowned) == 0), gapAt,
-		ms(goal), benchMet(h.span.span() <= goal), spanAt, benchMs(h.drain))
+		"strictly, the release signal comes once the drain is over, so gap ≤ 2 round trips: idle, 2 × that median = %s ms %s; "+
+		"under the same load (a Put every %s ms on the bench's client meanwhile, %d of them: median %s ms, largest %s ms), 2 × the median = %s ms %s, 2 × the largest = %s ms %s "+
+		"(%s); the longest handoff (ctx end → acquire) ≤ %s ms %s (%s; the longest Run drain: %s ms). "+
+		"Every gap of the %d handoffs: median %s ms, p99 %s ms; split at the successor's leadership signal (%d of them), release → led: median %s, p99 %s ms; led → acquire: median %s, p99 %s ms",
+		ms(goal), benchMs(benchShardRunDrain), benchMs(rtt), benchShardRTTs, benchMet(gap <= goal && owned),
+		ms(2*rtt), benchMet(gap <= 2*rtt && owned),
+		benchMs(benchShardProbeEvery), len(rtts), benchMs(med), benchMs(top), ms(2*med), benchMet(gap <= 2*med && owned), ms(2*top), benchMet(gap <= 2*top && owned),
+		gapAt, ms(goal), benchMet(h.span.span() <= goal), spanAt, benchMs(h.drain),
+		h.handoffs, benchMs(benchPct(h.gaps, 50)), benchMs(benchPct(h.gaps, 99)), len(h.toLed),
+		benchMs(benchPct(h.toLed, 50)), benchMs(benchPct(h.toLed, 99)), benchMs(benchPct(h.fromLed, 50)), benchMs(benchPct(h.fromLed, 99)))
 }
 
 // noDrain is the plain cell of the drain and roll rows.
@@ -380,7 +446,7 @@ func (r benchShardReport) drainRow() benchRow {
 		limit: fmt.Sprintf("goal: %s. In flight: MaxMoves bounds, per member, the shards it campaigns for at once to take over from another live member; "+
 			"a standby already in line does not campaign (Replicas %d: every owned shard has one once settled), so the drainer's handoffs are bounded by the %d shards it owns "+
 			"(≤ %d %s), not by MaxMoves; to one member ≤ MaxMoves %d (API.md: \"planned handoffs to us in flight at once\") %s%s%s",
-			benchShardGaps(d.h, d.rtt, d.gapAt, d.spanAt), coord.DefaultShardReplicas, d.owned, d.owned, benchMet(d.h.inFlight <= d.owned),
+			benchShardGaps(d.h, d.rtt, d.rtts, d.gapAt, d.spanAt), coord.DefaultShardReplicas, d.owned, d.owned, benchMet(d.h.inFlight <= d.owned),
 			benchShardMaxMoves, benchMet(d.h.toOne <= benchShardMaxMoves), d.unownedAt, benchShardMoreTroubles(d.lost, d.heals, d.overlaps)),
 	}
 }
@@ -405,7 +471,7 @@ func (r benchShardReport) rollRow() benchRow {
 		limit: fmt.Sprintf("goal: each shard moves at most twice per restarted owner (away on the drain, back on the restart) %s (%s), "+
 			"so at most 2 × %s = %s moves %s; never unowned beyond one drain, read as the drain row's goals: %s%s%s%s",
 			benchMet(n == 0), over, benchCount(ro.owned), benchCount(2*ro.owned), benchMet(ro.h.moves <= 2*ro.owned),
-			benchShardGaps(ro.h, rtt, ro.gapAt, ro.spanAt),
+			benchShardGaps(ro.h, rtt, ro.rtts, ro.gapAt, ro.spanAt),
 			benchShardRollSubset(ro), ro.unownedAt, benchShardMoreTroubles(ro.lost, ro.heals, ro.overlaps)),
 	}
 }

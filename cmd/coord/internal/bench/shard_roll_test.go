@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"slices"
 	"testing"
 	"time"
 )
@@ -11,11 +12,16 @@ func TestBenchShardHandoffs(t *testing.T) {
 	rel := func(host, shard string, ended, released int) benchShardRelease {
 		return benchShardRelease{host, shard, at(released), at(ended)}
 	}
-	acq := func(host, shard string, ms int) benchShardAcquire { return benchShardAcquire{host, shard, at(ms)} }
+	acq := func(host, shard string, ms int) benchShardAcquire {
+		return benchShardAcquire{host: host, shard: shard, at: at(ms)}
+	}
+	led := func(a benchShardAcquire, ms int) benchShardAcquire { a.led = at(ms); return a }
 	// a drains s1, s2 and s3 from 0 ms on: s1 and s2 to b, s3 to c; s4,
-	// released last, is acquired by no one; s1 comes back to a later.
+	// released last, is acquired by no one; s1 comes back to a later. b's
+	// leadership of s1 began at 203 ms, of s2 before the release (an
+	// older one: not a split), c's of s3 is not known.
 	h := benchShardHandoffsOf(
-		[]benchShardAcquire{acq("b", "s1", 205), acq("b", "s2", 230), acq("c", "s3", 260), acq("a", "s1", 900)},
+		[]benchShardAcquire{led(acq("b", "s1", 205), 203), led(acq("b", "s2", 230), 5), acq("c", "s3", 260), led(acq("a", "s1", 900), 850)},
 		[]benchShardRelease{rel("a", "s1", 0, 200), rel("a", "s2", 10, 210), rel("a", "s3", 240, 250),
 			rel("b", "s1", 600, 800), rel("a", "s4", 950, 1000)})
 	t.Run("each release is paired with the next acquire of its shard", func(t *testing.T) {
@@ -32,6 +38,24 @@ func TestBenchShardHandoffs(t *testing.T) {
 		}
 		if h.drain != 200*time.Millisecond {
 			t.Errorf("longest Run drain %v, want 200ms", h.drain)
+		}
+	})
+	t.Run("every gap is kept, and split at the successor's leadership when it came between", func(t *testing.T) {
+		ms := func(ns ...int) benchLatencies {
+			var l benchLatencies
+			for _, n := range ns {
+				l = append(l, time.Duration(n)*time.Millisecond)
+			}
+			return l
+		}
+		if want := ms(5, 10, 20, 100); !slices.Equal(h.gaps, want) {
+			t.Errorf("gaps %v, want %v", h.gaps, want)
+		}
+		if want := ms(3, 50); !slices.Equal(h.toLed, want) {
+			t.Errorf("release → led %v, want %v", h.toLed, want)
+		}
+		if want := ms(2, 50); !slices.Equal(h.fromLed, want) {
+			t.Errorf("led → acquire %v, want %v", h.fromLed, want)
 		}
 	})
 	t.Run("in flight counts overlapping handoffs, fleet-wide and by successor", func(t *testing.T) {

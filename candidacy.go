@@ -254,46 +254,17 @@ func (c *candidacy) deleteCandidate(ctx context.Context, s *session, key string,
 }
 
 // waitTurn waits until fewer than limit candidates created before rev
-// remain, and returns the revision at which we hold. It reads the nearest
-// limit+1 candidates ahead of us: when fewer come back, they are all of
-// them, and since keys ahead only ever go (a key put again keeps its
-// place, one created again is behind us), the deletes that the watch
-// brings are enough to know when we hold, without reading again: the
-// next in line holds on the event that frees its place.
+// remain, and returns the revision at which we hold. A watch that breaks
+// without news is retried with backoff, not at once.
 func (c *candidacy) waitTurn(ctx context.Context, s *session, key string, rev int64) (int64, error) {
 	wctx, cancel := withCancelOn(ctx, s.ctx)
 	defer cancel()
 	var r retry
 	for {
-		resp, err := c.cli.Txn(wctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", rev)).
-			Then(clientv3.OpGet(c.prefix, append(top(c.limit+1, clientv3.SortDescend), clientv3.WithMaxCreateRev(rev-1))...)).
-			Commit()
+		hdr, news, err := c.look(wctx, s, key, rev)
 		switch {
-		case s.ctx.Err() != nil:
-			return 0, fmt.Errorf("%w: session ended: %w", ErrLeadershipLost, s.Err())
 		case err != nil:
-			return 0, fmt.Errorf("wait for our turn: %w", err)
-		case !resp.Succeeded:
-			return 0, fmt.Errorf("%w: our candidate key was deleted", ErrLeadershipLost)
-		}
-		kvs := resp.Responses[0].GetResponseRange().Kvs
-		if int64(len(kvs)) < c.limit {
-			return resp.Header.Revision, nil
-		}
-		c.log.Debug("coord: "+c.words.ask+" waits for its turn", "token", rev, "behind", string(kvs[0].Key))
-		var ahead map[string]bool // the keys ahead of ours, if we read them all: limit of them
-		if int64(len(kvs)) == c.limit {
-			ahead = map[string]bool{}
-			for _, kv := range kvs {
-				ahead[string(kv.Key)] = true
-			}
-		}
-		// Wait for a delete under the prefix (ahead of us, or ours by
-		// someone else), then look again, unless it tells that we hold.
-		// A watch that breaks without news is retried with backoff, not
-		// at once.
-		hdr, news := c.waitDelete(wctx, resp.Header.Revision+1, key, ahead)
-		switch {
+			return 0, err
 		case hdr != 0:
 			return hdr, nil
 		case news:
@@ -304,16 +275,75 @@ func (c *candidacy) waitTurn(ctx context.Context, s *session, key string, rev in
 	}
 }
 
-// waitDelete waits for a delete under the prefix from rev on that may
-// give us our turn, and reports whether it saw one (false: the watch
-// broke or ctx ended). With ahead, the limit keys that are all those
-// ahead of ours (key), it returns the revision of the first delete of one
-// of them, from which on we hold, and goes on past deletes of keys behind
-// ours; our key deleted is news too.
-func (c *candidacy) waitDelete(ctx context.Context, rev int64, key string, ahead map[string]bool) (hdr int64, news bool) {
+// look reads the nearest limit+1 candidates ahead of our key (created at
+// rev) and returns the revision at which we hold if fewer than limit are.
+// Else it waits for a delete under the prefix (one ahead of us, or ours by
+// someone else) and reports whether one came (news). When fewer than
+// limit+1 come back, they are all of them, and since keys ahead only ever
+// go (a key put again keeps its place, one created again is behind us),
+// the deletes are enough to know when we hold, without reading again:
+// the next in line holds on the event that frees its place.
+//
+// The watch is opened first, from etcd's current revision: etcd keeps
+// such a watch up to date and sends it each delete as it is applied. One
+// from the read's revision, opened after it, would wait for etcd's
+// catch-up loop (up to 100 ms) whenever a write landed in between. Once
+// etcd has registered it, the read comes after, so no delete after the
+// read is missed.
+func (c *candidacy) look(ctx context.Context, s *session, key string, rev int64) (hdr int64, news bool, _ error) {
+	deletes, stop := c.watchDeletes(ctx)
+	defer stop()
+	resp, err := c.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", rev)).
+		Then(clientv3.OpGet(c.prefix, append(top(c.limit+1, clientv3.SortDescend), clientv3.WithMaxCreateRev(rev-1))...)).
+		Commit()
+	switch {
+	case s.ctx.Err() != nil:
+		return 0, false, fmt.Errorf("%w: session ended: %w", ErrLeadershipLost, s.Err())
+	case err != nil:
+		return 0, false, fmt.Errorf("wait for our turn: %w", err)
+	case !resp.Succeeded:
+		return 0, false, fmt.Errorf("%w: our candidate key was deleted", ErrLeadershipLost)
+	}
+	kvs := resp.Responses[0].GetResponseRange().Kvs
+	if int64(len(kvs)) < c.limit {
+		return resp.Header.Revision, true, nil
+	}
+	c.log.Debug("coord: "+c.words.ask+" waits for its turn", "token", rev, "behind", string(kvs[0].Key))
+	var ahead map[string]bool // the keys ahead of ours, if we read them all: limit of them
+	if int64(len(kvs)) == c.limit {
+		ahead = map[string]bool{}
+		for _, kv := range kvs {
+			ahead[string(kv.Key)] = true
+		}
+	}
+	hdr, news = waitDelete(ctx, deletes, key, ahead)
+	return hdr, news, nil
+}
+
+// watchDeletes opens a watch of the deletes under the prefix from etcd's
+// current revision on, and returns it once etcd has registered it (or
+// refused it, or ctx ended: the watch then ends without news), with the
+// func that ends it.
+func (c *candidacy) watchDeletes(ctx context.Context) (clientv3.WatchChan, context.CancelFunc) {
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	for wr := range responses(ctx, c.cli.Watch(ctx, c.prefix, clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithRev(rev))) {
+	wch := c.cli.Watch(ctx, c.prefix, clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
+	// The first response says the watch is created; a refusal is its
+	// last (the client closes the channel after it).
+	select {
+	case <-wch:
+	case <-ctx.Done():
+	}
+	return wch, cancel
+}
+
+// waitDelete waits on deletes (see watchDeletes) for one that may give us
+// our turn, and reports whether it saw one (false: the watch broke or ctx
+// ended). With ahead, the limit keys that are all those ahead of ours
+// (key), it returns the revision of the first delete of one of them, from
+// which on we hold, and goes on past deletes of keys behind ours; our key
+// deleted is news too.
+func waitDelete(ctx context.Context, deletes clientv3.WatchChan, key string, ahead map[string]bool) (hdr int64, news bool) {
+	for wr := range responses(ctx, deletes) {
 		for _, ev := range wr.Events {
 			k := string(ev.Kv.Key)
 			switch {

@@ -234,12 +234,31 @@ func (c *candidacy) unput(s *session, key string, p putResult) {
 	}
 }
 
-// deleteWithin deletes our candidate key (see deleteCandidate), bounded by
+// deleteWithin deletes our candidate key (see deleteRetrying), bounded by
 // the TTL and the session.
 func (c *candidacy) deleteWithin(s *session, key string, rev int64) error {
 	ctx, cancel := context.WithTimeout(s.ctx, s.ttl)
 	defer cancel()
-	return c.deleteCandidate(ctx, s, key, rev)
+	return c.deleteRetrying(ctx, s, key, rev)
+}
+
+// deleteRetrying deletes our candidate key (see deleteCandidate) within
+// ctx, trying again after what fails for now (no leader, a timeout, a
+// member unavailable): one such answer must not end a session that other
+// terms share. Each try is bounded by a third of the TTL, so that one
+// that hangs while etcd elects a leader does not use up the window, and
+// the key goes as soon as etcd answers again.
+func (c *candidacy) deleteRetrying(ctx context.Context, s *session, key string, rev int64) error {
+	var r retry
+	for {
+		tctx, cancel := context.WithTimeout(ctx, s.ttl/3)
+		err := c.deleteCandidate(tctx, s, key, rev)
+		cancel()
+		if err == nil || fatal(ctx, c.cli, err) != nil || !sleep(ctx, min(r.next(), s.ttl/10)) {
+			return err
+		}
+		c.log.Debug("coord: candidate key not deleted, trying again", "lease", hexID(s.id), "err", err)
+	}
 }
 
 // deleteCandidate deletes our candidate key if it is the one created at
@@ -289,7 +308,13 @@ func (c *candidacy) waitTurn(ctx context.Context, s *session, key string, rev in
 // from the read's revision, opened after it, would wait for etcd's
 // catch-up loop (up to 100 ms) whenever a write landed in between. Once
 // etcd has registered it, the read comes after, so no delete after the
-// read is missed.
+// read is missed. The watch may sit on a member that lags the one that
+// answered the read (clientv3 keeps a client's watches on the member it
+// first reached): it then starts before the read, and replays deletes the
+// read already reflects, a delete of an earlier term of a key ahead among
+// them (a session's candidate keys of successive terms share a name). So
+// a delete counts only if it came after the read and took the very key
+// the read showed (see waitDelete).
 func (c *candidacy) look(ctx context.Context, s *session, key string, rev int64) (hdr int64, news bool, _ error) {
 	deletes, stop := c.watchDeletes(ctx)
 	defer stop()
@@ -309,24 +334,25 @@ func (c *candidacy) look(ctx context.Context, s *session, key string, rev int64)
 		return resp.Header.Revision, true, nil
 	}
 	c.log.Debug("coord: "+c.words.ask+" waits for its turn", "token", rev, "behind", string(kvs[0].Key))
-	var ahead map[string]bool // the keys ahead of ours, if we read them all: limit of them
+	var ahead map[string]int64 // the keys ahead of ours, if we read them all (limit of them): their create revisions
 	if int64(len(kvs)) == c.limit {
-		ahead = map[string]bool{}
+		ahead = map[string]int64{}
 		for _, kv := range kvs {
-			ahead[string(kv.Key)] = true
+			ahead[string(kv.Key)] = kv.CreateRevision
 		}
 	}
-	hdr, news = waitDelete(ctx, deletes, key, ahead)
+	hdr, news = waitDelete(ctx, deletes, key, resp.Header.Revision, ahead)
 	return hdr, news, nil
 }
 
 // watchDeletes opens a watch of the deletes under the prefix from etcd's
-// current revision on, and returns it once etcd has registered it (or
-// refused it, or ctx ended: the watch then ends without news), with the
-// func that ends it.
+// current revision on, each with the key it took, and returns it once
+// etcd has registered it (or refused it, or ctx ended: the watch then
+// ends without news), with the func that ends it. It requires a leader:
+// a member cut off from its peers ends it, and the next goes elsewhere.
 func (c *candidacy) watchDeletes(ctx context.Context) (clientv3.WatchChan, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(ctx)
-	wch := c.cli.Watch(ctx, c.prefix, clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithCreatedNotify())
+	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	wch := c.cli.Watch(ctx, c.prefix, clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithPrevKV(), clientv3.WithCreatedNotify())
 	// The first response says the watch is created; a refusal is its
 	// last (the client closes the channel after it).
 	select {
@@ -338,24 +364,36 @@ func (c *candidacy) watchDeletes(ctx context.Context) (clientv3.WatchChan, conte
 
 // waitDelete waits on deletes (see watchDeletes) for one that may give us
 // our turn, and reports whether it saw one (false: the watch broke or ctx
-// ended). With ahead, the limit keys that are all those ahead of ours
-// (key), it returns the revision of the first delete of one of them, from
-// which on we hold, and goes on past deletes of keys behind ours; our key
-// deleted is news too.
-func waitDelete(ctx context.Context, deletes clientv3.WatchChan, key string, ahead map[string]bool) (hdr int64, news bool) {
+// ended). Only deletes after read, the revision of the read that placed
+// us, count. With ahead, the keys (and their create revisions) that are
+// all those ahead of ours (key), it returns the revision of the first
+// delete of one of them, from which on we hold, and goes on past deletes
+// of keys behind ours; our key deleted is news too, and so is a delete of
+// a key ahead whose term it cannot tell (read again). Every event of a
+// revision comes in one response (etcd never splits a revision), so a
+// range delete that frees our place and takes our key in one revision is
+// seen whole: we never hold at a revision at which our key is gone.
+func waitDelete(ctx context.Context, deletes clientv3.WatchChan, key string, read int64, ahead map[string]int64) (hdr int64, news bool) {
 	for wr := range responses(ctx, deletes) {
 		for _, ev := range wr.Events {
 			k := string(ev.Kv.Key)
-			switch {
-			case ahead == nil || k == key:
+			if ev.Kv.ModRevision <= read || ahead != nil && ahead[k] == 0 && k != key {
+				continue // known to the read already, or behind us
+			}
+			if k == key {
 				return 0, true
-			case ahead[k]:
+			}
+			news = true
+			if hdr == 0 && ahead[k] == ev.PrevKv.GetCreateRevision() {
 				// limit were ahead: one fewer now.
-				return ev.Kv.ModRevision, true
+				hdr = ev.Kv.ModRevision
 			}
 		}
-		// A response with an error (compacted, cancelled) is the
-		// watch's last: the client closes the channel after it.
+		if news {
+			return hdr, true
+		}
+		// A response with an error (compacted, cancelled, no leader) is
+		// the watch's last: the client closes the channel after it.
 	}
 	return 0, false
 }
@@ -396,7 +434,7 @@ func (c *candidacy) takeLead(ctx context.Context, s *session, key string, rev, h
 // session ends, and its lease, with the key, is revoked as soon as etcd
 // answers. A session that ended already takes the key with its lease.
 func (c *candidacy) withdraw(ctx context.Context, s *session, key string, rev int64) {
-	if s.ctx.Err() != nil || c.deleteCandidate(ctx, s, key, rev) == nil {
+	if s.ctx.Err() != nil || c.deleteRetrying(ctx, s, key, rev) == nil {
 		return
 	}
 	c.settle(func() {

@@ -565,13 +565,11 @@ func (e *Election) leave(l *leadership) {
 		return
 	}
 	l.cancel(ErrClosed)
-	ctx, cancel := context.WithTimeout(l.sess.ctx, l.sess.ttl)
-	defer cancel()
 	// A closed client sends nothing more, as after a crash (see revoke):
 	// the key goes with the shared lease.
 	err := e.cli.Ctx().Err()
 	if err == nil {
-		err = e.c.deleteCandidate(ctx, l.sess, l.key, l.rev)
+		err = e.c.deleteWithin(l.sess, l.key, l.rev)
 	}
 	if err != nil {
 		e.log.Warn("coord: cannot delete leader key, ending the shared session", "lease", hexID(l.sess.id), "err", err)

@@ -471,9 +471,11 @@ func (s *session) run(wg *sync.WaitGroup) {
 	s.k.stop()
 	var r retry
 	for {
-		err := revoke(context.Background(), s.cli, s.id, s.ttl)
+		// Each try is bounded by a third of the TTL: one sent while etcd
+		// has no leader must not hold the next back once it has one.
+		err := revoke(context.Background(), s.cli, s.id, s.ttl/3)
 		// Once the parent has ended, one try is all: its owner is closing.
-		if err == nil || !sleep(s.parent, r.next()) {
+		if err == nil || !sleep(s.parent, min(r.next(), s.ttl/10)) {
 			s.log.Debug("coord: session released", "err", err)
 			return
 		}

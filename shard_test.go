@@ -15,10 +15,12 @@ import (
 	"testing"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/go-coord/coord/coordtest"
 )
@@ -1188,19 +1190,67 @@ func shLagClient(t *testing.T, cfg clientv3.Config) (*clientv3.Client, *shLag) {
 
 type shLagStream struct {
 	grpc.ClientStream
-	lag *shLag
+	lag   *shLag
+	once  sync.Once
+	in    chan shRecvd          // what etcd sent, in order, read ahead
+	stash []*pb.WatchResponse // held back, in order
 }
 
-// RecvMsg returns what etcd sent once it is no longer held back.
+type shRecvd struct {
+	wr  *pb.WatchResponse
+	err error
+}
+
+// RecvMsg returns what etcd sent, holding back, while held, what the
+// set's views receive: the events of its campaigns' watches (deletes
+// with the key they took, PrevKv) go past them, as they would on a
+// stream of their own.
 func (s *shLagStream) RecvMsg(m any) error {
-	err := s.ClientStream.RecvMsg(m)
-	if held := s.lag.gate(); held != nil {
+	s.once.Do(func() {
+		s.in = make(chan shRecvd)
+		go s.read()
+	})
+	for {
+		held := s.lag.gate()
+		if held == nil && len(s.stash) > 0 {
+			proto.Reset(m.(proto.Message))
+			proto.Merge(m.(proto.Message), s.stash[0])
+			s.stash = s.stash[1:]
+			return nil
+		}
 		select {
+		case r := <-s.in:
+			if r.err != nil {
+				return r.err
+			}
+			if held != nil && len(r.wr.Events) > 0 && r.wr.Events[0].PrevKv == nil {
+				s.stash = append(s.stash, r.wr)
+				continue
+			}
+			proto.Reset(m.(proto.Message))
+			proto.Merge(m.(proto.Message), r.wr)
+			return nil
 		case <-held:
 		case <-s.Context().Done():
+			return s.Context().Err()
 		}
 	}
-	return err
+}
+
+// read reads ahead what etcd sends, until the stream ends.
+func (s *shLagStream) read() {
+	for {
+		wr := new(pb.WatchResponse)
+		err := s.ClientStream.RecvMsg(wr)
+		select {
+		case s.in <- shRecvd{wr, err}:
+		case <-s.Context().Done():
+			return
+		}
+		if err != nil {
+			return
+		}
+	}
 }
 
 // testShardAheadInLine: once we lead, those ahead of us in line are gone,

@@ -1,0 +1,615 @@
+package coord
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+
+	"github.com/go-coord/coord/coordtest"
+)
+
+// The promises of the candidacy shared by Election, Semaphore and
+// ShardSet: a waiter holds only on a delete that frees its place now, not
+// on one of an earlier term of a key of the same name, whatever member
+// its watch sits on.
+
+// lagSplit is a 3-member cluster with a member, iso, to be cut off, and
+// clients whose unary calls go to another member, healthy.
+type lagSplit struct {
+	c       *coordtest.Cluster
+	iso     *coordtest.Member
+	healthy *coordtest.Member
+}
+
+func newLagSplit(t *testing.T) *lagSplit {
+	t.Helper()
+	c := coordtest.NewCluster(t, 3)
+	leader := c.Leader(testCtx(t))
+	s := &lagSplit{c: c, healthy: leader}
+	for _, m := range c.Members() {
+		if m != leader {
+			s.iso = m
+			break
+		}
+	}
+	return s
+}
+
+// client returns a client of the healthy member; with lagging, its
+// watches go to iso instead (as clientv3 does by itself with several
+// endpoints: its unary calls rotate over the members while its watch
+// stream stays on the member it first reached).
+func (s *lagSplit) client(t *testing.T, lagging bool) *clientv3.Client {
+	t.Helper()
+	cli := s.healthy.NewClient(t)
+	if lagging {
+		cli.Watcher = clientv3.NewWatcher(s.iso.NewClient(t))
+	}
+	return cli
+}
+
+// heal heals iso and waits until it has applied what the others have: a
+// linearizable read through it answers at the cluster's revision.
+func (s *lagSplit) heal(t *testing.T, cli *clientv3.Client) {
+	t.Helper()
+	rev := mustRev(t, cli)
+	s.iso.Heal()
+	isoCli := s.iso.NewClient(t)
+	eventually(t, s.iso.Name()+" caught up", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second*scale)
+		defer cancel()
+		g, err := isoCli.Get(ctx, "probe")
+		return err == nil && g.Header.Revision >= rev
+	})
+}
+
+// mustRev returns etcd's current revision.
+func mustRev(t *testing.T, cli *clientv3.Client) int64 {
+	t.Helper()
+	g, err := cli.Get(testCtx(t), "probe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return g.Header.Revision
+}
+
+// lagWaiter runs a waiting call (a Campaign or an Acquire) and says when
+// it returns.
+type lagWaiter struct {
+	done chan struct{}
+	err  error
+	both bool // whether, as it returned, its Guard and those ahead held at once
+}
+
+// startWaiter runs f; as it returns, both(), a Txn on the Guards of the
+// holders and of the waiter, says whether they held at once.
+func startWaiter(f func() error, both func() bool) *lagWaiter {
+	w := &lagWaiter{done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		if w.err = f(); w.err == nil {
+			w.both = both()
+		}
+	}()
+	return w
+}
+
+// mustStillWait deletes the waiter's candidate key (probe) and checks
+// that the waiter queues again rather than returning: deletes reach its
+// watch in etcd's order, so once it has seen the probe's it has seen
+// every delete before, the replayed ones of a lagging member included.
+func mustStillWait(t *testing.T, cli *clientv3.Client, tap *logTap, ask string, w *lagWaiter, probe string) {
+	t.Helper()
+	queued := tap.count("coord: " + ask + " queues again")
+	if _, err := cli.Delete(testCtx(t), probe); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-w.done:
+		t.Fatalf("the waiter returned (err %v) while those ahead of it still held (all their Guards and its own held at once: %v)", w.err, w.both)
+	case <-waitLog(tap, "coord: "+ask+" queues again", queued+1):
+	case <-time.After(patience()):
+		t.Fatal("the waiter neither returned nor queued again after its key was deleted")
+	}
+}
+
+// waitLog returns a channel closed once tap has n records of msg.
+func waitLog(tap *logTap, msg string, n int) <-chan struct{} {
+	c := make(chan struct{})
+	go func() {
+		defer close(c)
+		deadline := time.After(patience())
+		for tap.count(msg) < n {
+			root := tap.root()
+			root.mu.Lock()
+			changed := root.changed
+			root.mu.Unlock()
+			if tap.count(msg) >= n {
+				return
+			}
+			select {
+			case <-changed:
+			case <-deadline:
+				return
+			}
+		}
+	}()
+	return c
+}
+
+// guardsHold reports whether every comparison holds at once, asking
+// again while etcd cannot tell (false if it cannot within patience).
+func guardsHold(cli *clientv3.Client, cmps ...clientv3.Cmp) bool {
+	deadline := time.Now().Add(patience())
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second*scale)
+		resp, err := cli.Txn(ctx).If(cmps...).Commit()
+		cancel()
+		if err == nil || time.Now().After(deadline) {
+			return err == nil && resp.Succeeded
+		}
+	}
+}
+
+// candidateOf returns the candidate key under prefix whose value is v.
+func candidateOf(t *testing.T, cli *clientv3.Client, prefix, v string) string {
+	t.Helper()
+	for _, kv := range candidates(t, cli, prefix) {
+		if string(kv.Value) == v {
+			return string(kv.Key)
+		}
+	}
+	t.Fatalf("no candidate %q under %s", v, prefix)
+	return ""
+}
+
+func TestCandidacyLaggingWatch(t *testing.T) {
+	t.Run("an election's waiter whose watch sits on a lagging member does not take the replayed delete of the leader's earlier term for its turn", func(t *testing.T) {
+		s := newLagSplit(t)
+		const key = "/lag/election"
+		a, err := NewElection(testCtx(t), s.client(t, false), ElectionOptions{Key: key, TTL: 5 * time.Second * scale})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer a.Close()
+		tap, log := newLogTap()
+		tap.dumpOnFailure(t)
+		b, err := NewElection(testCtx(t), s.client(t, true), ElectionOptions{Key: key, TTL: 5 * time.Second * scale, Logger: log})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Close()
+		cli := s.healthy.NewClient(t)
+
+		if err := a.Campaign(testCtx(t), "a"); err != nil {
+			t.Fatal(err)
+		}
+		s.iso.Isolate()
+		// A second term on the same session: the same key name, a new
+		// create revision. iso has seen neither the resign nor the put.
+		first := a.Token()
+		if err := a.Resign(testCtx(t)); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.Campaign(testCtx(t), "a"); err != nil {
+			t.Fatal(err)
+		}
+		if a.Token() == first {
+			t.Fatal("the second term has the first one's token")
+		}
+		ctx, cancel := context.WithCancel(testCtx(t))
+		defer cancel()
+		w := startWaiter(func() error { return b.Campaign(ctx, "b") }, func() bool {
+			return guardsHold(cli, a.Guard(), b.Guard())
+		})
+		tap.wait(t, "coord: campaign waits for its turn", 1)
+		s.heal(t, cli)
+		mustStillWait(t, cli, tap, "campaign", w, candidateOf(t, cli, key+"/", "b"))
+
+		// The leader resigns: the waiter leads, alone.
+		guard := a.Guard()
+		if err := a.Resign(testCtx(t)); err != nil {
+			t.Fatal(err)
+		}
+		<-w.done
+		if w.err != nil {
+			t.Fatal(w.err)
+		}
+		if guardsHold(cli, guard) || !guardsHold(cli, b.Guard()) {
+			t.Fatal("after the resign, the old leader's Guard holds or the new one's does not")
+		}
+	})
+
+	t.Run("a semaphore's waiter whose watch sits on a lagging member does not take the replayed delete of a holder's earlier candidacy for a free permit", func(t *testing.T) {
+		s := newLagSplit(t)
+		const key = "/lag/semaphore"
+		opts := SemaphoreOptions{Key: key, Limit: 2, TTL: 5 * time.Second * scale}
+		sem := func(cli *clientv3.Client, id string, log *slog.Logger) *Semaphore {
+			o := opts
+			o.Identity, o.Logger = id, log
+			sm, err := NewSemaphore(testCtx(t), cli, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { sm.Close() })
+			return sm
+		}
+		cli := s.healthy.NewClient(t)
+		aTap, aLog := newLogTap()
+		h1, h2, a := sem(s.client(t, false), "h1", nil), sem(s.client(t, false), "h2", nil), sem(s.client(t, false), "a", aLog)
+		p1 := mustPermit(t, h1)
+		p2 := mustPermit(t, h2)
+		wa := startWaiter(func() error {
+			_, err := a.Acquire(testCtx(t))
+			return err
+		}, func() bool { return false })
+		aTap.wait(t, "coord: acquire waits for its turn", 1)
+		s.iso.Isolate()
+		// a's candidacy queues again under the same key name: iso sees
+		// neither the delete nor the new put.
+		queued := aTap.count("coord: acquire queues again")
+		if _, err := cli.Delete(testCtx(t), candidateOf(t, cli, key+"/", "a")); err != nil {
+			t.Fatal(err)
+		}
+		aTap.wait(t, "coord: acquire queues again", queued+1)
+		aTap.wait(t, "coord: acquire waits for its turn", 2)
+		if err := p1.Release(testCtx(t)); err != nil {
+			t.Fatal(err)
+		}
+		<-wa.done
+		if wa.err != nil {
+			t.Fatal(wa.err)
+		}
+		aKey := candidateOf(t, cli, key+"/", "a")
+
+		bTap, bLog := newLogTap()
+		bTap.dumpOnFailure(t)
+		b := sem(s.client(t, true), "b", bLog)
+		ctx, cancel := context.WithCancel(testCtx(t))
+		defer cancel()
+		aGuard := candidateGuard(t, cli, aKey)
+		var pb *Permit
+		wb := startWaiter(func() (err error) {
+			pb, err = b.Acquire(ctx)
+			return err
+		}, func() bool { return guardsHold(cli, p2.Guard(), aGuard, pb.Guard()) })
+		bTap.wait(t, "coord: acquire waits for its turn", 1)
+		s.heal(t, cli)
+		mustStillWait(t, cli, bTap, "acquire", wb, candidateOf(t, cli, key+"/", "b"))
+		if err := p2.Release(testCtx(t)); err != nil {
+			t.Fatal(err)
+		}
+		<-wb.done
+		if wb.err != nil {
+			t.Fatal(wb.err)
+		}
+	})
+}
+
+// mustPermit acquires a permit that must be free.
+func mustPermit(t *testing.T, s *Semaphore) *Permit {
+	t.Helper()
+	p, err := s.TryAcquire(testCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// candidateGuard returns a comparison that holds while key stands with
+// the create revision it has now.
+func candidateGuard(t *testing.T, cli *clientv3.Client, key string) clientv3.Cmp {
+	t.Helper()
+	g, err := cli.Get(testCtx(t), key)
+	if err != nil || len(g.Kvs) == 0 {
+		t.Fatalf("get %s: %v (%d keys)", key, err, len(g.Kvs))
+	}
+	return clientv3.Compare(clientv3.CreateRevision(key), "=", g.Kvs[0].CreateRevision)
+}
+
+// rangeDeleted checks a term ended by a range delete of its key: Done
+// closed, Err wrapping ErrLeadershipLost and saying the key was deleted.
+func rangeDeleted(t *testing.T, what string, done <-chan struct{}, err func() error) {
+	t.Helper()
+	waitClosed(t, done, what+"'s Done after the range delete")
+	if e := err(); !errors.Is(e, ErrLeadershipLost) || !strings.Contains(e.Error(), "key deleted") {
+		t.Fatalf("%s's Err after the range delete: %v, want ErrLeadershipLost, key deleted", what, e)
+	}
+}
+
+func TestCandidacyRangeDelete(t *testing.T) {
+	// etcd deletes a range in one revision, in key order: the waiter
+	// sees the holder's key go and its own in the same revision. Keys
+	// are named after their leases, granted in order: the holder's
+	// sorts first.
+	t.Run("after a del --prefix of an election, the waiter does not lead on a key that is gone, the leader sees its key go, and the next leader's Guard holds", func(t *testing.T) {
+		for _, pooled := range []bool{false, true} {
+			srv, cli := newEtcd(t)
+			const key = "/rd/election"
+			elect := func() *Election {
+				c := srv.NewClient(t)
+				if !pooled {
+					e, err := NewElection(testCtx(t), c, ElectionOptions{Key: key, TTL: 5 * time.Second * scale})
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(func() { e.Close() })
+					return e
+				}
+				p, err := NewElectionPool(c, PoolOptions{TTL: 5 * time.Second * scale})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { p.Close() })
+				e, err := p.Election(testCtx(t), key)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return e
+			}
+			l := elect()
+			if err := l.Campaign(testCtx(t), "l"); err != nil {
+				t.Fatal(err)
+			}
+			tap, log := newLogTap()
+			tap.dumpOnFailure(t)
+			w := elect()
+			w.log = log
+			w.c.log = log
+			ctx, cancel := context.WithCancel(testCtx(t))
+			defer cancel()
+			wt := startWaiter(func() error { return w.Campaign(ctx, "w") }, func() bool { return guardsHold(cli, w.Guard()) })
+			tap.wait(t, "coord: campaign waits for its turn", 1)
+			if _, err := cli.Delete(testCtx(t), key+"/", clientv3.WithPrefix()); err != nil {
+				t.Fatal(err)
+			}
+			rangeDeleted(t, "the leader", l.Done(), l.Err)
+			<-wt.done
+			if wt.err != nil || !wt.both {
+				t.Fatalf("pooled %v: the waiter's Campaign returned %v, its Guard holding: %v", pooled, wt.err, wt.both)
+			}
+			if !w.IsLeader() || isClosed(w.Done()) || !guardsHold(cli, w.Guard()) {
+				t.Fatalf("pooled %v: the new leader does not lead on a key that stands", pooled)
+			}
+		}
+	})
+
+	t.Run("after a del --prefix of a semaphore's key, the waiter gets no permit on a key that is gone and the holder's permit ends", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		const key = "/rd/semaphore"
+		sem := func() *Semaphore {
+			s, err := NewSemaphore(testCtx(t), srv.NewClient(t), SemaphoreOptions{Key: key, Limit: 1, TTL: 5 * time.Second * scale})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			return s
+		}
+		h, w := sem(), sem()
+		p := mustPermit(t, h)
+		tap, log := newLogTap()
+		tap.dumpOnFailure(t)
+		w.log = log
+		var pw *Permit
+		ctx, cancel := context.WithCancel(testCtx(t))
+		defer cancel()
+		wt := startWaiter(func() (err error) {
+			pw, err = w.Acquire(ctx)
+			return err
+		}, func() bool { return guardsHold(cli, pw.Guard()) })
+		tap.wait(t, "coord: acquire waits for its turn", 1)
+		if _, err := cli.Delete(testCtx(t), key+"/", clientv3.WithPrefix()); err != nil {
+			t.Fatal(err)
+		}
+		rangeDeleted(t, "the holder", p.Done(), p.Err)
+		<-wt.done
+		if wt.err != nil || !wt.both {
+			t.Fatalf("the waiter's Acquire returned %v, its Guard holding: %v", wt.err, wt.both)
+		}
+		if isClosed(pw.Done()) || pw.Err() != nil {
+			t.Fatal("the waiter's permit ended")
+		}
+		if _, err := h.TryAcquire(testCtx(t)); !errors.Is(err, ErrNoPermit) {
+			t.Fatalf("a second permit of Limit 1: %v, want ErrNoPermit", err)
+		}
+	})
+}
+
+// deleteFaults makes a client's deletes (Txns that delete) fail as a
+// member without a leader answers them, before they reach etcd: the next
+// n of them, or all of them until a time.
+type deleteFaults struct {
+	mu     sync.Mutex
+	n      int
+	until  time.Time
+	failed int
+}
+
+// client returns a client of srv whose deletes go through f.
+func (f *deleteFaults) client(t *testing.T, cfg clientv3.Config) *clientv3.Client {
+	t.Helper()
+	cfg.DialOptions = append(cfg.DialOptions, grpc.WithChainUnaryInterceptor(f.intercept))
+	cli, err := clientv3.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+func (f *deleteFaults) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if txn, ok := req.(*pb.TxnRequest); ok && deletes(txn) && f.fail() {
+		return rpctypes.ErrGRPCNoLeader
+	}
+	return invoker(ctx, method, req, reply, cc, opts...)
+}
+
+// deletes reports whether a Txn deletes when it succeeds.
+func deletes(txn *pb.TxnRequest) bool {
+	for _, op := range txn.Success {
+		if op.GetRequestDeleteRange() != nil {
+			return true
+		}
+	}
+	return false
+}
+
+func (f *deleteFaults) fail() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.n > 0 || time.Now().Before(f.until) {
+		f.n--
+		f.failed++
+		return true
+	}
+	return false
+}
+
+// set makes the next n deletes fail, and every one for d.
+func (f *deleteFaults) set(n int, d time.Duration) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.n, f.until = n, time.Now().Add(d)
+}
+
+// count returns how many deletes failed.
+func (f *deleteFaults) count() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.failed
+}
+
+func TestCandidacyTransientDelete(t *testing.T) {
+	// The shapes of the fault: one delete refused, and every delete
+	// refused for longer than a call's ctx.
+	shapes := []struct {
+		name string
+		n    int
+		d    time.Duration
+	}{{"once", 1, 0}, {"for 1.5 s", 0, 1500 * time.Millisecond * scale}}
+	const ttl = 5 * time.Second
+	// lead returns n elections of a pool on one shared session, each
+	// leading its own key, the pool's client failing deletes as f says.
+	lead := func(t *testing.T, srv *coordtest.Server, f *deleteFaults, n int) []*Election {
+		t.Helper()
+		p, err := NewElectionPool(f.client(t, srv.ClientConfig()), PoolOptions{TTL: ttl * scale})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		var es []*Election
+		for i := range n {
+			e, err := p.Election(testCtx(t), fmt.Sprintf("/td/k%d", i))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := e.Campaign(testCtx(t), "x"); err != nil {
+				t.Fatal(err)
+			}
+			es = append(es, e)
+		}
+		if st := p.Stats(); st.Sessions != 1 {
+			t.Fatalf("%d sessions, want 1", st.Sessions)
+		}
+		return es
+	}
+	// survive checks that every term on the session still holds.
+	survive := func(t *testing.T, cli *clientv3.Client, f *deleteFaults, what string, guards ...func() clientv3.Cmp) {
+		t.Helper()
+		if f.count() == 0 {
+			t.Fatalf("%s: no delete failed", what)
+		}
+		for i, g := range guards {
+			if !guardsHold(cli, g()) {
+				t.Fatalf("%s: term %d of the shared session ended after %d deletes failed", what, i, f.count())
+			}
+		}
+	}
+	for _, sh := range shapes {
+		t.Run("a pooled Election's Resign and Close, and the withdrawal of a waiting campaign, that meet "+sh.name+" a transient error end no other term of the shared session", func(t *testing.T) {
+			srv, cli := newEtcd(t)
+			f := &deleteFaults{}
+			es := lead(t, srv, f, 4)
+			others := []func() clientv3.Cmp{es[2].Guard, es[3].Guard}
+
+			f.set(sh.n, sh.d)
+			if err := es[0].Resign(testCtx(t)); err != nil {
+				t.Fatalf("Resign: %v", err)
+			}
+			if n := keyCount(t, cli, "/td/k0/"); n != 0 {
+				t.Fatalf("Resign returned with %d keys left", n)
+			}
+			survive(t, cli, f, "resign", append(others, es[1].Guard)...)
+
+			// A campaign waits behind another client's leader; its
+			// withdrawal meets the fault.
+			other, err := NewElection(testCtx(t), cli, ElectionOptions{Key: "/td/w", TTL: ttl * scale})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer other.Close()
+			if err := other.Campaign(testCtx(t), "other"); err != nil {
+				t.Fatal(err)
+			}
+			p := es[0].pool
+			w, err := p.Election(testCtx(t), "/td/w")
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(testCtx(t))
+			defer cancel()
+			wt := startWaiter(func() error { return w.Campaign(ctx, "w") }, func() bool { return false })
+			eventually(t, "the waiter's key", func() bool { return keyCount(t, cli, "/td/w/") == 2 })
+			f.set(sh.n, sh.d)
+			cancel()
+			<-wt.done
+			waitClosed(t, w.c.settling(), "the withdrawal settled")
+			if n := keyCount(t, cli, "/td/w/"); n != 1 {
+				t.Fatalf("withdrawn: %d keys under /td/w/, want the other leader's alone", n)
+			}
+			survive(t, cli, f, "withdraw", append(others, es[1].Guard)...)
+
+			f.set(sh.n, sh.d)
+			if err := es[1].Close(); err != nil {
+				t.Fatal(err)
+			}
+			if n := keyCount(t, cli, "/td/k1/"); n != 0 {
+				t.Fatalf("Close returned with %d keys left", n)
+			}
+			survive(t, cli, f, "close", others...)
+			w.Close()
+		})
+
+		t.Run("a permit's Release that meets "+sh.name+" a transient error ends no other permit of the session", func(t *testing.T) {
+			srv, cli := newEtcd(t)
+			f := &deleteFaults{}
+			s, err := NewSemaphore(testCtx(t), f.client(t, srv.ClientConfig()), SemaphoreOptions{Key: "/td/sem", Limit: 4, TTL: ttl * scale})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			var ps []*Permit
+			for range 4 {
+				ps = append(ps, mustPermit(t, s))
+			}
+			f.set(sh.n, sh.d)
+			if err := ps[0].Release(testCtx(t)); err != nil {
+				t.Fatalf("Release: %v", err)
+			}
+			if n := keyCount(t, cli, "/td/sem/"); n != 3 {
+				t.Fatalf("Release returned with %d keys, want 3", n)
+			}
+			survive(t, cli, f, "release", ps[1].Guard, ps[2].Guard, ps[3].Guard)
+		})
+	}
+}

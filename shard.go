@@ -55,8 +55,6 @@ type ShardSet struct {
 	// ErrClientClosed once the client is closed.
 	ctx        context.Context
 	cancel     context.CancelCauseFunc
-	stopClient func() bool
-	stopHost   func() bool
 	hostsEnded chan struct{} // closed when the host watcher's events end
 	ready      chan struct{} // closed once the hosts, members and candidates are known
 	readyOnce  sync.Once
@@ -169,6 +167,7 @@ func NewShardSet(ctx context.Context, cli *clientv3.Client, opts ShardOptions) (
 	}
 	s := newShardSet(cli, opts, pool, w)
 	if err = s.start(ctx); err == nil {
+		s.follow()
 		return s, nil
 	}
 	// Within ctx: a member lease being granted is revoked when it comes
@@ -191,23 +190,48 @@ func newShardSet(cli *clientv3.Client, opts ShardOptions, pool *ElectionPool, w 
 		s.cands[name] = map[string]candidate{}
 	}
 	s.ctx, s.cancel = context.WithCancelCause(context.Background())
-	s.stopClient = context.AfterFunc(cli.Ctx(), func() { s.end(ErrClientClosed) })
-	if h := opts.Host; h != nil {
-		go func() {
-			select {
-			case <-h.Done():
-				s.log.Info("coord: shard set: our registration ended, owning nothing", "err", h.Err())
-				s.end(ErrHostGone)
-			case <-s.ctx.Done():
-			}
-		}()
-	}
 	return s
+}
+
+// follow ends the set when the client is closed, or when our
+// registration (with Host) ends for good. It starts once start is over,
+// for end waits for the member sessions that start adds.
+func (s *ShardSet) follow() {
+	var hostDone <-chan struct{} // nil without Host: never
+	if h := s.opts.Host; h != nil {
+		hostDone = h.Done()
+	}
+	go func() {
+		select {
+		case <-s.cli.Ctx().Done():
+			s.end(ErrClientClosed)
+		case <-hostDone:
+			s.log.Info("coord: shard set: our registration ended, owning nothing", "err", s.opts.Host.Err())
+			s.end(ErrHostGone)
+		case <-s.ctx.Done():
+		}
+	}()
 }
 
 // start announces us, follows the hosts, the members and the candidates,
 // and waits, within ctx, until all are known.
-func (s *ShardSet) start(ctx context.Context) error {
+func (s *ShardSet) start(ctx context.Context) (err error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	if h := s.opts.Host; h != nil {
+		go func() {
+			select {
+			case <-h.Done():
+				cancel(ErrHostGone)
+			case <-ctx.Done():
+			}
+		}()
+	}
+	defer func() {
+		if err != nil && errors.Is(context.Cause(ctx), ErrHostGone) {
+			err = ErrHostGone // not the ctx the caller gave
+		}
+	}()
 	sess, err := startSession(ctx, s.ctx, s.cli, s.opts.TTL, s.log, &s.leases)
 	if err == nil {
 		err = s.announce(ctx, sess)
@@ -1010,5 +1034,4 @@ func (s *ShardSet) stop(cause error) {
 	s.runs.Wait()
 	s.pool.Close()
 	s.wg.Wait()
-	s.stopClient()
 }

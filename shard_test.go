@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -1068,6 +1069,45 @@ func TestShardSet(t *testing.T) {
 	t.Run("Owner reports the owner as etcd holds it; keys that are no candidates are skipped", testShardOwner)
 	t.Run("NewShardSet returns within its ctx when etcd cannot be reached, and fails when the hosts may not be read", testShardUnreachable)
 	t.Run("bad input is refused and nothing is written", testShardBadInput)
+	t.Run("a Host stopped before or while NewShardSet runs makes it fail with ErrHostGone, or the set end with it", testShardHostStopped)
+}
+
+// testShardHostStopped: a Host whose registration ends before or during
+// NewShardSet. Under -race this is where the set's start and its end
+// would meet (20 times, stopping the host at once and after a moment).
+func testShardHostStopped(t *testing.T) {
+	srv, _ := newEtcd(t)
+	cli := srv.NewClient(t)
+	opts := ShardOptions{Shards: shNames(4), Run: idle, TTL: 2 * time.Second * scale}
+	h := register(t, cli, "stopped", LivenessOptions{})
+	h.Stop(testCtx(t))
+	opts.Host = h
+	if s, err := NewShardSet(testCtx(t), cli, opts); s != nil || !errors.Is(err, ErrHostGone) || strings.Count(err.Error(), "coord:") != 1 {
+		t.Fatalf("NewShardSet with a stopped Host: %v, %v; want ErrHostGone, saying \"coord:\" once", s, err)
+	}
+	for i := range 20 {
+		h := register(t, cli, fmt.Sprintf("h%d", i), LivenessOptions{})
+		opts.Host = h
+		stopped := make(chan struct{})
+		go func() {
+			defer close(stopped)
+			if i%2 == 1 {
+				runtime.Gosched()
+			}
+			h.Stop(testCtx(t))
+		}()
+		s, err := NewShardSet(testCtx(t), cli, opts)
+		<-stopped
+		switch {
+		case err != nil && !errors.Is(err, ErrHostGone):
+			t.Fatalf("try %d: NewShardSet while its Host stops: %v, want nil or ErrHostGone", i, err)
+		case err == nil:
+			waitClosed(t, s.Done(), "the set's end after its Host stopped")
+			if !errors.Is(s.Err(), ErrHostGone) || len(s.Owned()) != 0 {
+				t.Fatalf("try %d: the set ended with %v, owning %v; want ErrHostGone, nothing", i, s.Err(), s.Owned())
+			}
+		}
+	}
 }
 
 func testShardNotRegistered(t *testing.T) {

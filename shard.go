@@ -456,18 +456,22 @@ func (s *ShardSet) handOverLocked(w *shardWorker) {
 }
 
 // waitSettleLocked reports whether shard, which we want, must wait
-// before we campaign for it. Until the members have settled: a member
-// joined less than Settle ago (a fleet starting, a rolling restart), and
-// more may follow, each moving shards again. Then, for a shard nobody
-// campaigns for that we would be a standby of, until its first candidate
-// is in line, for half the TTL at most (a top member that crashed is
-// gone within the TTL, and then we rank first): else our candidacy, put
-// first (the top member's put is slow under a fleet's cold start), would
-// own it only to hand it over. The timer reconciles it then.
+// before we campaign for it. A shard with candidates in line waits until
+// the members have settled: a member joined less than Settle ago (a
+// fleet starting, a rolling restart), and more may follow, each moving
+// shards again. A shard with no owner is a failover: it never waits for
+// joins, whatever members join meanwhile. But if nobody campaigns for it
+// and we would be a standby of it, we wait until its first candidate is
+// in line, for half the TTL at most (a top member that crashed is gone
+// within the TTL, and then we rank first): else our candidacy, put first
+// (the top member's put is slow under a fleet's cold start), would own it
+// only to hand it over. The timer reconciles it then.
 func (s *ShardSet) waitSettleLocked(shard string) bool {
 	now := time.Now()
-	wait := s.opts.Settle - now.Sub(s.joined)
-	if wait <= 0 && len(s.cands[shard]) == 0 && s.order[shard][0].HostUUID != s.opts.Self {
+	var wait time.Duration
+	if len(s.cands[shard]) > 0 {
+		wait = s.opts.Settle - now.Sub(s.joined)
+	} else if s.order[shard][0].HostUUID != s.opts.Self {
 		since, ok := s.standbySince[shard]
 		if !ok {
 			since = now

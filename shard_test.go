@@ -1069,7 +1069,62 @@ func TestShardSet(t *testing.T) {
 	t.Run("Owner reports the owner as etcd holds it; keys that are no candidates are skipped", testShardOwner)
 	t.Run("NewShardSet returns within its ctx when etcd cannot be reached, and fails when the hosts may not be read", testShardUnreachable)
 	t.Run("bad input is refused and nothing is written", testShardBadInput)
+	t.Run("a shard whose owner left is taken at once while members keep joining: Settle holds back planned moves only", testShardFailoverAmidJoins)
 	t.Run("a Host stopped before or while NewShardSet runs makes it fail with ErrHostGone, or the set end with it", testShardHostStopped)
+}
+
+// testShardFailoverAmidJoins: a flapping member (a fast rolling deploy)
+// joins again and again, each join within Settle of the last; the owner
+// of a shard leaves; the next member takes it over while the joins go
+// on.
+func testShardFailoverAmidJoins(t *testing.T) {
+	srv, _ := newEtcd(t)
+	l := newShLedger()
+	hosts := []string{"host-a", "host-b", "host-c"}
+	var shard string
+	for i := 0; shard == ""; i++ {
+		if name := fmt.Sprintf("s%d", i); slices.Equal(shRank(name, hosts), hosts) {
+			shard = name
+		}
+	}
+	hs := shRegister(t, srv, hosts...)
+	a, b, c := hs[0], hs[1], hs[2]
+	opts := ShardOptions{Shards: []string{shard}, Replicas: 1, Settle: 2 * time.Second * scale}
+	a.start(t, l, opts)
+	b.start(t, l, opts)
+	l.waitEvent(t, 0, SignalShardAcquired, a.id, shard)
+
+	// c, ranked last, joins and leaves until b owns the shard.
+	owned := make(chan struct{})
+	var joins atomic.Int32
+	flapped := make(chan struct{})
+	go func() {
+		defer close(flapped)
+		o := opts
+		o.Self, o.Run = c.id, idle
+		for !isClosed(owned) {
+			s, err := NewShardSet(testCtx(t), c.cli, o)
+			if err != nil {
+				return
+			}
+			joins.Add(1)
+			s.Close()
+			if !sleep(t.Context(), 100*time.Millisecond) { // pacing
+				return
+			}
+		}
+	}()
+	eventually(t, "c joining twice", func() bool { return joins.Load() >= 2 })
+	mark := l.mark()
+	a.set.Close()
+	// With the joins holding it back for Settle each, b would own the
+	// shard only once they stop: at the deadline.
+	l.until(t, "b owning the shard while c keeps joining", func() bool { return l.held()[[2]string{b.id, shard}] })
+	close(owned)
+	<-flapped
+	if evs := l.since(mark, SignalShardAcquired); len(evs) != 1 {
+		t.Fatalf("acquired since a left: %v, want b's only", evs)
+	}
 }
 
 // testShardHostStopped: a Host whose registration ends before or during

@@ -26,6 +26,7 @@ type leadership struct {
 	key      string
 	rev      int64    // create revision of key: the fencing token
 	identity string   // what the term was gained as
+	lost     error    // what it wraps once lost: ErrLeadershipLost, ErrPermitLost
 	sess     *session // the session whose lease the key is attached to
 	ctx      context.Context
 	cancel   context.CancelCauseFunc
@@ -46,13 +47,14 @@ type vocab struct {
 	onGain SignalKind // emitted when a term starts
 	onEnd  SignalKind // emitted when a term ends
 	gone   error      // why a term whose key was deleted ended
+	lost   error      // what a term lost (not given up) wraps
 }
 
 var (
 	electionWords = &vocab{ask: "campaign", holder: "leader", term: "leadership", gained: "leadership gained",
-		onGain: SignalLeadershipGained, onEnd: SignalLeadershipLost, gone: errKeyDeleted}
+		onGain: SignalLeadershipGained, onEnd: SignalLeadershipLost, gone: errKeyDeleted, lost: ErrLeadershipLost}
 	permitWords = &vocab{ask: "acquire", holder: "permit", term: "permit", gained: "permit acquired",
-		onGain: SignalPermitAcquired, onEnd: SignalPermitReleased, gone: errPermitKeyDeleted}
+		onGain: SignalPermitAcquired, onEnd: SignalPermitReleased, gone: errPermitKeyDeleted, lost: ErrPermitLost}
 )
 
 // candidacy is our place in a line: it puts our candidate key, waits
@@ -417,7 +419,7 @@ func (c *candidacy) takeLead(ctx context.Context, s *session, key string, rev, h
 		end(nil)
 		return nil, fmt.Errorf("%w: session not renewed: %w", ErrLeadershipLost, context.Cause(wctx))
 	}
-	l := &leadership{key: key, rev: rev, identity: identity, sess: s, ctx: lctx, cancel: end}
+	l := &leadership{key: key, rev: rev, identity: identity, lost: c.words.lost, sess: s, ctx: lctx, cancel: end}
 	if c.held != nil {
 		c.held(l)
 	}
@@ -590,8 +592,9 @@ func (c *candidacy) dropKey(l *leadership) {
 }
 
 // termErr says why term l ended, judged at the call (as live): nil while
-// it holds; ErrLeadershipLost wrapping the cause when it was lost, else
-// the known cause itself (resigned, released, closed, client closed).
+// it holds; ErrLeadershipLost (ErrPermitLost for a permit) wrapping the
+// cause when it was lost, else the known cause itself (resigned,
+// released, closed, client closed).
 func termErr(l *leadership, live bool) error {
 	if l == nil || live {
 		return nil
@@ -605,7 +608,7 @@ func termErr(l *leadership, live bool) error {
 			return cause
 		}
 	}
-	return fmt.Errorf("%w: %w", ErrLeadershipLost, cause)
+	return fmt.Errorf("%w: %w", l.lost, cause)
 }
 
 // explain explains an error met by a call on key of an object whose life

@@ -41,8 +41,10 @@ var (
 	ErrNotLeader = errors.New("coord: not leader")
 	// ErrNoLeader is returned by Leader when the election has no leader.
 	ErrNoLeader = errors.New("coord: no leader")
-	// ErrLeadershipLost is returned by Campaign when our candidacy ended
-	// (session expired, key deleted) before we became leader.
+	// ErrLeadershipLost is why a term ended that was lost rather than
+	// given up (renewals unanswered, lease expired or revoked, key
+	// deleted): Election.Err, the cause of a ShardSet Run's ctx; and what
+	// ErrPermitLost wraps.
 	ErrLeadershipLost = errors.New("coord: leadership lost")
 	// ErrResigned is why a leadership ended after Resign, and what a
 	// Campaign withdrawn by Resign returns (wrapped).
@@ -69,7 +71,24 @@ var (
 	ErrLimitMismatch = errors.New("coord: semaphore limit mismatch")
 	// ErrInvalidLimit is returned for a SemaphoreOptions.Limit below 1.
 	ErrInvalidLimit = errors.New("coord: invalid semaphore limit")
+	// ErrRebalanced is why a ShardSet Run's ctx ended when the shard is
+	// to go to another member: a better-ranked one is ready to take it,
+	// or the members changed and we are no longer among its candidates.
+	ErrRebalanced = errors.New("coord: shard rebalanced")
+	// ErrDraining is why a ShardSet Run's ctx ended when Drain hands its
+	// shard over.
+	ErrDraining = errors.New("coord: draining")
+	// ErrPermitLost is why a permit ended that was lost rather than
+	// released (Permit.Err): errors.Is(err, ErrLeadershipLost) holds too.
+	ErrPermitLost error = permitLost{}
 )
+
+// permitLost is ErrPermitLost: a permit is not a leadership, but code
+// written for either loss catches both.
+type permitLost struct{}
+
+func (permitLost) Error() string        { return "coord: permit lost" }
+func (permitLost) Is(target error) bool { return target == ErrLeadershipLost }
 
 // fatal returns the error that ends the caller's work for good when err
 // (or the state of ctx and the client) says it will not go away by

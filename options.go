@@ -191,8 +191,8 @@ type ShardOptions struct {
 	// own nothing.
 	Self string
 	// Run does a shard's work while we own it, in a goroutine of its own.
-	// Its ctx ends when we must let go (context.Cause says why); we hand
-	// the shard over once Run returns.
+	// Its ctx ends when we must let go (context.Cause says why: see
+	// ShardSet); we hand the shard over once Run returns.
 	Run func(ctx context.Context, s Shard)
 	// Prefix under which the shard elections live, one at Prefix+name;
 	// must end in "/", apart from HostPrefix. Default ShardsPrefix.

@@ -288,8 +288,9 @@ func (p *Permit) Done() <-chan struct{} {
 
 // Err says why the permit ended: ErrReleased after Release, ErrClosed
 // after Close, ErrClientClosed when the client was closed, else
-// ErrLeadershipLost wrapping the cause (renewals unanswered, lease
-// expired or revoked, key deleted). It is nil while the permit is held.
+// ErrPermitLost wrapping the cause (renewals unanswered, lease expired
+// or revoked, key deleted; errors.Is(err, ErrLeadershipLost) holds too).
+// It is nil while the permit is held.
 func (p *Permit) Err() error { return termErr(p.l, p.held()) }
 
 // Release gives the permit up, so that the next in line gets it: it

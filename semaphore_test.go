@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -454,8 +455,9 @@ func TestSemaphore(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitClosed(t, p.Done(), "Done")
-		if !errors.Is(p.Err(), ErrLeadershipLost) || !errors.Is(p.Err(), errPermitKeyDeleted) {
-			t.Fatalf("Err %v", p.Err())
+		if err := p.Err(); !errors.Is(err, ErrPermitLost) || !errors.Is(err, ErrLeadershipLost) || !errors.Is(err, errPermitKeyDeleted) ||
+			!strings.HasPrefix(err.Error(), "coord: permit lost: ") {
+			t.Fatalf("Err %v, want ErrPermitLost (and ErrLeadershipLost): permit key deleted", err)
 		}
 		if err := p.Release(testCtx(t)); err != nil {
 			t.Fatalf("Release of a lost permit: %v", err)

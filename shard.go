@@ -28,10 +28,12 @@ import (
 // registers liveness, or runs a set on another Prefix, takes no slot.
 //
 // While we own a shard, Run runs with its fencing token and Guard. Its ctx
-// ends when we must let go (context.Cause says why): a better-ranked
-// member is campaigning for the shard, we no longer rank among its
-// candidates, our leadership ended, we are not live, we drain, the client
-// was closed, our registration is gone, or Close. Once Run returns we
+// ends when we must let go, and context.Cause of it wraps exactly one of:
+// ErrRebalanced (a better-ranked member is ready to take the shard, or we
+// no longer rank among its candidates), ErrDraining (Drain),
+// ErrLeadershipLost (our leadership ended), ErrHostGone (we are not live,
+// or our registration is gone), ErrClosed (Close), ErrClientClosed (the
+// client was closed). Once Run returns we
 // resign, and the next candidate, already in line, owns the shard: a
 // handoff has no overlap, and a gap of Run's drain plus a couple of etcd
 // round trips. A standby better ranked than the owner waits for that
@@ -127,13 +129,14 @@ type shardWorker struct {
 	hand    bool                    // it counts in ShardSet.handing
 }
 
-// Why a Run's ctx ended, besides ErrClosed, ErrClientClosed and a lost
-// leadership.
+// Why a Run's ctx ended, besides ErrClosed, ErrClientClosed, ErrHostGone
+// (the set ended) and a lost leadership: each wraps the sentinel that
+// context.Cause of a Run's ctx is documented to wrap.
 var (
-	errBetterHost     = errors.New("a better-ranked member is campaigning for the shard")
-	errNotRanked      = errors.New("no longer among the shard's candidates")
-	errNotLive        = errors.New("we are not a live member")
-	errDraining       = errors.New("draining")
+	errBetterHost     = fmt.Errorf("%w: a better-ranked member is ready to take the shard", ErrRebalanced)
+	errNotRanked      = fmt.Errorf("%w: no longer among the shard's candidates", ErrRebalanced)
+	errNotLive        = fmt.Errorf("%w: we are not a live member", ErrHostGone)
+	errDraining       = ErrDraining
 	errRunReturned    = errors.New("the shard's Run returned before its ctx ended")
 	errAnnounceFailed = errors.New("member key could not be put")
 )
@@ -452,7 +455,11 @@ func (s *ShardSet) handOverLocked(w *shardWorker) {
 		w.hand = true
 		s.handing++
 	}
-	w.stopRun(errBetterHost)
+	why := errBetterHost
+	if s.draining {
+		why = errDraining
+	}
+	w.stopRun(why)
 }
 
 // waitSettleLocked reports whether shard, which we want, must wait

@@ -939,8 +939,8 @@ func TestShardDrain(t *testing.T) {
 	d.other.Store(b.start(t, l, ShardOptions{Shards: []string{shard}, Run: l.writer(b.cli, b.id)}).set)
 	acquired := l.waitEvent(t, mark, SignalShardAcquired, b.id, shard)
 	released := l.waitEvent(t, mark, SignalShardReleased, a.id, shard)
-	if !errors.Is(released.Err, errBetterHost) {
-		t.Fatalf("a released the shard because %v, want errBetterHost", released.Err)
+	if !errors.Is(released.Err, ErrRebalanced) || errors.Is(released.Err, ErrDraining) {
+		t.Fatalf("a released the shard because %v, want ErrRebalanced alone", released.Err)
 	}
 	gap := acquired.at.Sub(<-d.ended)
 	t.Logf("drain %v: a's Run took %v to return, b acquired %v after a's ctx ended (%v after a released), %d writes of a in the drain",
@@ -1185,8 +1185,8 @@ func testShardNotRegistered(t *testing.T) {
 	}
 	l.until(t, "every shard released", func() bool { return len(l.since(mark, SignalShardReleased)) == len(shards) })
 	for _, ev := range l.since(mark, SignalShardReleased) {
-		if !errors.Is(ev.Err, errNotLive) {
-			t.Fatalf("released %s because %v, want errNotLive", ev.Shard, ev.Err)
+		if !errors.Is(ev.Err, ErrHostGone) {
+			t.Fatalf("released %s because %v, want ErrHostGone", ev.Shard, ev.Err)
 		}
 	}
 	etWaitCount(t, cli, ShardsPrefix, 1, clientv3.WithPrefix()) // the member key
@@ -1287,7 +1287,7 @@ type shLagStream struct {
 	grpc.ClientStream
 	lag   *shLag
 	once  sync.Once
-	in    chan shRecvd          // what etcd sent, in order, read ahead
+	in    chan shRecvd        // what etcd sent, in order, read ahead
 	stash []*pb.WatchResponse // held back, in order
 }
 

@@ -55,7 +55,7 @@ const (
 	SignalPermitAcquired
 	// SignalPermitReleased: our permit of semaphore Key with Token ended;
 	// Err is why, as Permit.Err says it: ErrReleased, ErrClosed,
-	// ErrClientClosed, or ErrLeadershipLost wrapping the cause.
+	// ErrClientClosed, or ErrPermitLost wrapping the cause.
 	SignalPermitReleased
 )
 

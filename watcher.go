@@ -81,6 +81,7 @@ type HostWatcher struct {
 	// outbox is the buffer. Closed by run when it ends.
 	events chan HostEvent
 	synced chan struct{} // closed by run once the consumer has the snapshot
+	filled chan struct{} // closed by run once the view holds the snapshot
 	cancel context.CancelFunc
 	done   chan struct{} // closed when run returns
 
@@ -133,6 +134,7 @@ func NewHostWatcher(ctx context.Context, cli *clientv3.Client, opts WatcherOptio
 		log:        logger(opts.Logger).With("prefix", prefix),
 		events:     make(chan HostEvent),
 		synced:     make(chan struct{}),
+		filled:     make(chan struct{}),
 		cancel:     cancel,
 		done:       make(chan struct{}),
 		hosts:      map[string]*version{},
@@ -159,6 +161,13 @@ func (w *HostWatcher) Events() <-chan HostEvent { return w.events }
 // differences that replaced the snapshot's unsent Ups. If the watcher ends
 // before that, Synced stays open and Events closes.
 func (w *HostWatcher) Synced() <-chan struct{} { return w.synced }
+
+// Listed returns a channel closed once Hosts holds the whole initial
+// snapshot, whether or not Events are read: a program that only reads
+// Hosts waits on Listed, never on Synced (which waits for the consumer).
+// If the watcher ends before its first listing, Listed stays open and
+// Events closes.
+func (w *HostWatcher) Listed() <-chan struct{} { return w.filled }
 
 // Hosts returns the watcher's current view, sorted by HostUUID. It may be
 // ahead of the events the consumer has read. The Labels maps are shared
@@ -232,6 +241,7 @@ func (w *HostWatcher) relist(ctx, cctx context.Context, o *outbox, r *retry) (in
 				// Synced waits for.
 				o.unsynced = len(o.queue)
 				o.syncedIf()
+				close(w.filled)
 			} else {
 				emit(w.signal, Signal{Kind: SignalWatcherResync, Key: w.prefix, Count: len(o.queue) - queued})
 			}

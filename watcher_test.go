@@ -53,6 +53,25 @@ func TestHostWatcherSnapshot(t *testing.T) {
 		quiet(t, cli, w, prefix)
 	})
 
+	t.Run("closes Listed once Hosts holds the whole snapshot, for a program that never reads Events", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		ctx, prefix := testCtx(t), prefixFor(t)
+		const n = 300
+		wtPutHosts(t, cli, prefix, wtGrant(t, cli), n)
+		// Pages of 7: the listing takes 43 reads; Listed waits for the last.
+		w := wtWatch(t, ctx, cli, WatcherOptions{Prefix: prefix, PageSize: 7})
+		waitClosed(t, w.Listed(), "Listed")
+		if got := len(w.Hosts()); got != n {
+			t.Fatalf("Hosts holds %d hosts once Listed closed, want %d", got, n)
+		}
+		if isClosed(w.Synced()) {
+			t.Fatal("Synced closed though no event was read")
+		}
+		// An empty prefix is listed at once too.
+		e := wtWatch(t, ctx, cli, WatcherOptions{Prefix: prefix + "none/"})
+		waitClosed(t, e.Listed(), "Listed of an empty prefix")
+	})
+
 	t.Run("closes Synced at once when there are no hosts", func(t *testing.T) {
 		_, cli := newEtcd(t)
 		ctx, prefix := testCtx(t), prefixFor(t)

@@ -176,58 +176,7 @@ func candidateOf(t *testing.T, cli *clientv3.Client, prefix, v string) string {
 func TestCandidacyLaggingWatch(t *testing.T) {
 	t.Run("an election's waiter whose watch sits on a lagging member does not take the replayed delete of the leader's earlier term for its turn", func(t *testing.T) {
 		s := newLagSplit(t)
-		const key = "/lag/election"
-		a, err := NewElection(testCtx(t), s.client(t, false), ElectionOptions{Key: key, TTL: 5 * time.Second * scale})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer a.Close()
-		tap, log := newLogTap()
-		tap.dumpOnFailure(t)
-		b, err := NewElection(testCtx(t), s.client(t, true), ElectionOptions{Key: key, TTL: 5 * time.Second * scale, Logger: log})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer b.Close()
-		cli := s.healthy.NewClient(t)
-
-		if err := a.Campaign(testCtx(t), "a"); err != nil {
-			t.Fatal(err)
-		}
-		s.iso.Isolate()
-		// A second term on the same session: the same key name, a new
-		// create revision. iso has seen neither the resign nor the put.
-		first := a.Token()
-		if err := a.Resign(testCtx(t)); err != nil {
-			t.Fatal(err)
-		}
-		if err := a.Campaign(testCtx(t), "a"); err != nil {
-			t.Fatal(err)
-		}
-		if a.Token() == first {
-			t.Fatal("the second term has the first one's token")
-		}
-		ctx, cancel := context.WithCancel(testCtx(t))
-		defer cancel()
-		w := startWaiter(func() error { return b.Campaign(ctx, "b") }, func() bool {
-			return guardsHold(cli, a.Guard(), b.Guard())
-		})
-		tap.wait(t, "coord: campaign waits for its turn", 1)
-		s.heal(t, cli)
-		mustStillWait(t, cli, tap, "campaign", w, candidateOf(t, cli, key+"/", "b"))
-
-		// The leader resigns: the waiter leads, alone.
-		guard := a.Guard()
-		if err := a.Resign(testCtx(t)); err != nil {
-			t.Fatal(err)
-		}
-		<-w.done
-		if w.err != nil {
-			t.Fatal(w.err)
-		}
-		if guardsHold(cli, guard) || !guardsHold(cli, b.Guard()) {
-			t.Fatal("after the resign, the old leader's Guard holds or the new one's does not")
-		}
+		lagElection(t, s, s.client(t, true))
 	})
 
 	t.Run("a semaphore's waiter whose watch sits on a lagging member does not take the replayed delete of a holder's earlier candidacy for a free permit", func(t *testing.T) {
@@ -294,6 +243,117 @@ func TestCandidacyLaggingWatch(t *testing.T) {
 			t.Fatal(wb.err)
 		}
 	})
+
+	t.Run("a shard set's standby whose watch sits on a lagging member does not take the replayed delete of the owner's earlier term for its turn", func(t *testing.T) {
+		s := newLagSplit(t)
+		cli := s.healthy.NewClient(t)
+		var shard string
+		for i := 0; shard == ""; i++ {
+			if name := fmt.Sprintf("s%d", i); RankHosts(name, []string{"host-a", "host-b"})[0] == "host-a" {
+				shard = name
+			}
+		}
+		l := newShLedger()
+		opts := ShardOptions{Shards: []string{shard}, Replicas: 2, TTL: 5 * time.Second * scale}
+		aCli := s.client(t, false)
+		register(t, aCli, "host-a", LivenessOptions{TTL: 5 * time.Second * scale})
+		a := shSet(t, aCli, "host-a", l, opts)
+		l.waitEvent(t, 0, SignalShardAcquired, "host-a", shard)
+		s.iso.Isolate()
+		// The owner's key deleted: its term ends, and it campaigns again
+		// on the same session, under the same key name. iso sees neither.
+		prefix := ShardsPrefix + shard + "/"
+		mark := l.mark()
+		if _, err := cli.Delete(testCtx(t), candidateOf(t, cli, prefix, "host-a")); err != nil {
+			t.Fatal(err)
+		}
+		l.waitEvent(t, mark, SignalShardAcquired, "host-a", shard)
+		owned := a.Owned()
+
+		// b joins: a standby, its watches on iso.
+		bCli := s.client(t, true)
+		register(t, bCli, "host-b", LivenessOptions{TTL: 5 * time.Second * scale})
+		tap, log := newLogTap()
+		tap.dumpOnFailure(t)
+		bOpts := opts
+		bOpts.Logger = log
+		b := shSet(t, bCli, "host-b", l, bOpts)
+		tap.wait(t, "coord: campaign waits for its turn", 1)
+		s.heal(t, cli)
+		queued := tap.count("coord: campaign queues again")
+		if _, err := cli.Delete(testCtx(t), candidateOf(t, cli, prefix, "host-b")); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "b queueing again, or owning the shard", func() bool {
+			return tap.count("coord: campaign queues again") > queued || len(b.Owned()) > 0
+		})
+		if got := b.Owned(); len(got) != 0 {
+			t.Fatalf("b owns %v while a owns %v: a's Guard holds: %v, b's: %v", got, owned,
+				guardsHold(cli, owned[0].Guard), guardsHold(cli, got[0].Guard))
+		}
+		if evs := l.since(mark, SignalShardAcquired); len(evs) != 1 {
+			t.Fatalf("acquired since a's key was deleted: %v, want a's alone", evs)
+		}
+	})
+}
+
+// lagElection: leader a on the healthy member, waiter b on bCli, whose
+// watches sit on iso; iso is cut off while a resigns and campaigns
+// again (the same key name), then healed; b must wait for a's resign.
+func lagElection(t *testing.T, s *lagSplit, bCli *clientv3.Client) {
+	t.Helper()
+	const key = "/lag/election"
+	a, err := NewElection(testCtx(t), s.client(t, false), ElectionOptions{Key: key, TTL: 5 * time.Second * scale})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	tap, log := newLogTap()
+	tap.dumpOnFailure(t)
+	b, err := NewElection(testCtx(t), bCli, ElectionOptions{Key: key, TTL: 5 * time.Second * scale, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	cli := s.healthy.NewClient(t)
+
+	if err := a.Campaign(testCtx(t), "a"); err != nil {
+		t.Fatal(err)
+	}
+	s.iso.Isolate()
+	// A second term on the same session: the same key name, a new
+	// create revision. iso has seen neither the resign nor the put.
+	first := a.Token()
+	if err := a.Resign(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Campaign(testCtx(t), "a"); err != nil {
+		t.Fatal(err)
+	}
+	if a.Token() == first {
+		t.Fatal("the second term has the first one's token")
+	}
+	ctx, cancel := context.WithCancel(testCtx(t))
+	defer cancel()
+	w := startWaiter(func() error { return b.Campaign(ctx, "b") }, func() bool {
+		return guardsHold(cli, a.Guard(), b.Guard())
+	})
+	tap.wait(t, "coord: campaign waits for its turn", 1)
+	s.heal(t, cli)
+	mustStillWait(t, cli, tap, "campaign", w, candidateOf(t, cli, key+"/", "b"))
+
+	// The leader resigns: the waiter leads, alone.
+	guard := a.Guard()
+	if err := a.Resign(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	<-w.done
+	if w.err != nil {
+		t.Fatal(w.err)
+	}
+	if guardsHold(cli, guard) || !guardsHold(cli, b.Guard()) {
+		t.Fatal("after the resign, the old leader's Guard holds or the new one's does not")
+	}
 }
 
 // mustPermit acquires a permit that must be free.

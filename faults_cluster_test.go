@@ -254,8 +254,11 @@ func TestFaultClusterLeaderChange(t *testing.T) {
 		runCtx, stopRun := context.WithCancel(context.Background())
 		var wg sync.WaitGroup
 		defer func() { stopRun(); wg.Wait() }()
+		// The candidates' decisions, printed if the fence check fails.
+		candTap, candLog := newLogTap()
+		candTap.dumpOnFailure(t)
 		for _, id := range []string{"x", "y"} {
-			e, err := NewElection(testCtx(t), c.NewClient(t), ElectionOptions{Key: elect, TTL: ttl})
+			e, err := NewElection(testCtx(t), c.NewClient(t), ElectionOptions{Key: elect, TTL: ttl, Logger: candLog.With("candidate", id)})
 			if err != nil {
 				t.Fatal(err)
 			}

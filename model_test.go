@@ -19,6 +19,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 
 	"github.com/go-coord/coord/coordtest"
 )
@@ -139,12 +140,14 @@ const (
 	mdTryAcquire
 	mdRelease
 	mdCutHolder
+	mdRangeDelete
+	mdDeleteFault
 	mdKinds
 )
 
 var mdKindNames = [mdKinds]string{"register", "stop", "crash", "update", "campaign", "try-campaign",
 	"resign", "cut-agent", "cut-watcher", "restart-etcd", "compact", "rewatch", "handover", "cut-leader", "lag",
-	"acquire", "try-acquire", "release", "cut-holder"}
+	"acquire", "try-acquire", "release", "cut-holder", "range-delete", "delete-fault"}
 
 func (k mdKind) String() string { return mdKindNames[k] }
 
@@ -152,7 +155,7 @@ func (k mdKind) String() string { return mdKindNames[k] }
 var mdWeights = [mdKinds]int{
 	mdRegister: 14, mdStop: 5, mdCrash: 5, mdUpdate: 14, mdCampaign: 18, mdTryCampaign: 8,
 	mdResign: 5, mdCutAgent: 7, mdCutWatcher: 5, mdRestart: 2, mdCompact: 4, mdRewatch: 2, mdHandover: 7, mdCutLeader: 4,
-	mdLag: 5, mdAcquire: 10, mdTryAcquire: 5, mdRelease: 6, mdCutHolder: 4,
+	mdLag: 5, mdAcquire: 10, mdTryAcquire: 5, mdRelease: 6, mdCutHolder: 4, mdRangeDelete: 2, mdDeleteFault: 4,
 }
 
 // mdShape is a way a link fails.
@@ -469,6 +472,28 @@ func (m *model) step(step int) {
 		m.tracef("compacted at %d", rev)
 	case mdAcquire, mdTryAcquire, mdRelease, mdCutHolder:
 		m.semStep(k, a)
+	case mdRangeDelete:
+		// An operator's reset: del --prefix of the election's or the
+		// semaphore's candidates, in one revision, leader and waiters
+		// at once.
+		prefix := []string{mdCandidate, mdSem + "/"}[m.rng.IntN(2)]
+		ctx, cancel := context.WithTimeout(context.Background(), patience())
+		resp, err := m.cli.Delete(ctx, prefix, clientv3.WithPrefix())
+		cancel()
+		if err != nil {
+			m.fatalf("range delete of %s: %v", prefix, err)
+		}
+		m.tracef("deleted %d keys under %s", resp.Deleted, prefix)
+	case mdDeleteFault:
+		// The agent's next delete, or all of them for a while, meet "no
+		// leader", as during an etcd leader change; a resign follows.
+		n, d := 1, time.Duration(0)
+		if m.rng.IntN(2) == 0 {
+			n, d = 0, 200*time.Millisecond+time.Duration(m.rng.Int64N(int64(1300*time.Millisecond)))
+		}
+		a.faults.set(n, d)
+		m.tracef("%s: deletes fail: next %d, for %v", a.id, n, d.Round(time.Millisecond))
+		m.dispatch(a, "resign (deletes failing)", func(a *mdAgent) string { return a.resign() })
 	case mdRewatch:
 		j := m.rng.IntN(len(m.watchers))
 		m.tracef("rewatch %s", m.watchers[j].name)
@@ -1025,6 +1050,7 @@ type mdAgent struct {
 	sem     *Semaphore
 	permits []*mdPermit  // held, or ended with their writers not yet done
 	holding atomic.Int32 // len(permits), for the driver to read at any time
+	faults  deleteFaults // what its clients' deletes meet
 }
 
 func (a *mdAgent) loop() {
@@ -1056,7 +1082,9 @@ func (a *mdAgent) opCtx(d time.Duration) (context.Context, context.CancelFunc) {
 
 func (a *mdAgent) register() string {
 	if a.cli == nil {
-		cli, err := clientv3.New(a.px.ClientConfig())
+		cfg := a.px.ClientConfig()
+		cfg.DialOptions = append(cfg.DialOptions, grpc.WithChainUnaryInterceptor(a.faults.intercept))
+		cli, err := clientv3.New(cfg)
 		if err != nil {
 			a.m.errorf("%s: new client: %v", a.id, err)
 			return "no client"

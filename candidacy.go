@@ -25,6 +25,7 @@ import (
 type leadership struct {
 	key      string
 	rev      int64    // create revision of key: the fencing token
+	at       int64    // the revision from which it holds (our key stood then)
 	identity string   // what the term was gained as
 	lost     error    // what it wraps once lost: ErrLeadershipLost, ErrPermitLost
 	sess     *session // the session whose lease the key is attached to
@@ -419,7 +420,7 @@ func (c *candidacy) takeLead(ctx context.Context, s *session, key string, rev, h
 		end(nil)
 		return nil, fmt.Errorf("%w: session not renewed: %w", ErrLeadershipLost, context.Cause(wctx))
 	}
-	l := &leadership{key: key, rev: rev, identity: identity, lost: c.words.lost, sess: s, ctx: lctx, cancel: end}
+	l := &leadership{key: key, rev: rev, at: hdr, identity: identity, lost: c.words.lost, sess: s, ctx: lctx, cancel: end}
 	if c.held != nil {
 		c.held(l)
 	}

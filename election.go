@@ -511,6 +511,15 @@ func (e *Election) Token() int64 {
 	return 0
 }
 
+// wonAt returns the revision from which the current leadership holds, or
+// 0 when we do not lead (judged as IsLeader).
+func (e *Election) wonAt() int64 {
+	if l := e.current(); l != nil {
+		return l.at
+	}
+	return 0
+}
+
 // Guard returns a Txn comparison that holds only while our leader key
 // exists with the current token. When we do not lead it never holds.
 func (e *Election) Guard() clientv3.Cmp {

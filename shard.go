@@ -98,6 +98,11 @@ type ShardSet struct {
 	hostsSynced  bool
 	candsListed  bool
 	candsLost    time.Time // when the candidate watch broke, zero while it runs
+	// viewRev is the etcd revision our view of the members and the
+	// candidates has reached; viewMoved is closed and replaced as it
+	// moves.
+	viewRev   int64
+	viewMoved chan struct{}
 }
 
 // candidate is a candidacy in a shard's election.
@@ -185,7 +190,7 @@ func NewShardSet(ctx context.Context, cli *clientv3.Client, opts ShardOptions) (
 func newShardSet(cli *clientv3.Client, opts ShardOptions, pool *ElectionPool, w *HostWatcher) *ShardSet {
 	s := &ShardSet{cli: cli, opts: opts, log: logger(opts.Logger), pool: pool, w: w,
 		hostsEnded: make(chan struct{}), ready: make(chan struct{}), reannounce: make(chan struct{}, 1),
-		done: make(chan struct{}), idle: closedChan, hosts: map[string]bool{}, members: map[string]ShardMember{},
+		done: make(chan struct{}), idle: closedChan, viewMoved: make(chan struct{}), hosts: map[string]bool{}, members: map[string]ShardMember{},
 		cands: map[string]map[string]candidate{}, workers: map[string]*shardWorker{}, waitMove: map[string]bool{}, waitHand: map[string]bool{},
 		order: map[string][]rankedMember{}, ranked: map[string]bool{}, ordered: map[string]ShardMember{},
 		unsettled: map[string]bool{}, standbySince: map[string]time.Time{}}
@@ -434,7 +439,9 @@ func (s *ShardSet) reconcileLocked(shard string) {
 		delete(s.standbySince, shard)
 	case !want:
 		if w.endTerm != nil {
-			w.endTerm(s.whyNotLocked())
+			why := s.whyNotLocked()
+			w.log.Debug("coord: shard no longer wanted", "why", why)
+			w.endTerm(why)
 		}
 	case w.stopRun != nil && s.outranked(shard, w.owned.Token, s.cands[shard]):
 		s.handOverLocked(w)
@@ -692,6 +699,7 @@ func (s *ShardSet) followCandidates() {
 				s.candsListed, s.candsLost = true, time.Time{}
 				// Every shard's candidates may have changed.
 				s.refreshed = false
+				s.viewAtLocked(resp.Header.Revision)
 			})
 			err = s.watchCandidates(resp.Header.Revision+1, &r)
 		}
@@ -715,6 +723,7 @@ func (s *ShardSet) watchCandidates(rev int64, r *retry) error {
 		}
 		*r = retry{}
 		s.mu.Lock()
+		s.viewAtLocked(wr.Header.Revision)
 		// The members first, then each shard whose candidates changed:
 		// a member event need not change any ranking (a key put again
 		// unchanged), so the refresh may reconcile none of them.
@@ -735,6 +744,48 @@ func (s *ShardSet) watchCandidates(rev int64, r *retry) error {
 		s.mu.Unlock()
 	}
 	return nil
+}
+
+// viewAtLocked records that our view has reached revision rev.
+func (s *ShardSet) viewAtLocked(rev int64) {
+	if rev > s.viewRev {
+		s.viewRev = rev
+		close(s.viewMoved)
+		s.viewMoved = make(chan struct{})
+	}
+}
+
+// catchUp waits, within ctx, until our view of the members and the
+// candidates has reached revision rev: a shard won at rev runs only on a
+// view that knows what etcd held then (our member key gone, say, while
+// etcd was without quorum). A view with nothing to tell since (no change
+// under the prefix) asks etcd where its watch is, and again with backoff
+// (etcd answers only once every watch of the stream has caught up).
+func (s *ShardSet) catchUp(ctx context.Context, rev int64) {
+	var r retry
+	for {
+		s.mu.Lock()
+		at, moved := s.viewRev, s.viewMoved
+		s.mu.Unlock()
+		if at >= rev {
+			return
+		}
+		if r == (retry{}) {
+			s.log.Debug("coord: shard won, waiting for our view to catch up", "view", at, "won", rev)
+		}
+		// The watch's stream is the one of its ctx's metadata.
+		s.cli.RequestProgress(clientv3.WithRequireLeader(ctx))
+		t := time.NewTimer(r.next())
+		select {
+		case <-moved:
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+		if ctx.Err() != nil {
+			return
+		}
+	}
 }
 
 // noteLocked records a member or candidate key put or deleted. It returns
@@ -899,6 +950,7 @@ func (s *ShardSet) acquire(w *shardWorker, e *Election, term context.Context) (c
 	// line behind etcd's writes (at a fleet's cold start, 1.5 s at the
 	// median, a quarter of row 10's time). A member that lags by a few
 	// milliseconds delays a handoff to our watch, or costs a campaign.
+	s.catchUp(term, e.wonAt())
 	ctx, cancel := context.WithTimeout(term, s.opts.TTL/3)
 	defer cancel()
 	fresh := map[string]candidate{}

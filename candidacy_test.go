@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -672,4 +673,191 @@ func TestCandidacyTransientDelete(t *testing.T) {
 			survive(t, cli, f, "release", ps[1].Guard, ps[2].Guard, ps[3].Guard)
 		})
 	}
+}
+
+// createHold holds back a client's requests to create a watch of deletes
+// under prefix (a waiter's), while armed, until released.
+type createHold struct {
+	prefix  string
+	armed   atomic.Bool
+	held    chan struct{} // closed once one is held
+	release chan struct{}
+	once    sync.Once
+}
+
+func newCreateHold(prefix string) *createHold {
+	return &createHold{prefix: prefix, held: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (h *createHold) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	s, err := streamer(ctx, desc, cc, method, opts...)
+	if err != nil || method != "/etcdserverpb.Watch/Watch" {
+		return s, err
+	}
+	return &holdStream{ClientStream: s, h: h}, nil
+}
+
+type holdStream struct {
+	grpc.ClientStream
+	h *createHold
+}
+
+func (s *holdStream) SendMsg(m any) error {
+	if cr := m.(*pb.WatchRequest).GetCreateRequest(); cr != nil && string(cr.Key) == s.h.prefix && s.h.armed.Load() {
+		s.h.once.Do(func() { close(s.h.held) })
+		select {
+		case <-s.h.release:
+		case <-s.Context().Done():
+		}
+	}
+	return s.ClientStream.SendMsg(m)
+}
+
+// delayTxn delays the answer to a client's Txns that put under prefix,
+// while armed, by d: the put lands, its answer comes late.
+type delayTxn struct {
+	prefix string
+	d      time.Duration
+	armed  atomic.Bool
+}
+
+func (f *delayTxn) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	err := invoker(ctx, method, req, reply, cc, opts...)
+	if txn, ok := req.(*pb.TxnRequest); ok && f.armed.Load() && puts(txn, f.prefix) {
+		select {
+		case <-time.After(f.d):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return err
+}
+
+// puts reports whether a Txn puts a key under prefix when it succeeds.
+func puts(txn *pb.TxnRequest, prefix string) bool {
+	for _, op := range txn.Success {
+		if p := op.GetRequestPut(); p != nil && strings.HasPrefix(string(p.Key), prefix) {
+			return true
+		}
+	}
+	return false
+}
+
+func TestCandidacyEdges(t *testing.T) {
+	t.Run("a waiter reads who is ahead only once etcd has registered its watch of deletes: a delete in between is not missed", func(t *testing.T) {
+		srv, _ := newEtcd(t)
+		const key = "/edge/watch"
+		h := newCreateHold(key + "/")
+		cfg := srv.ClientConfig()
+		cfg.DialOptions = append(cfg.DialOptions, grpc.WithChainStreamInterceptor(h.stream))
+		bCli, err := clientv3.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer bCli.Close()
+		a, err := NewElection(testCtx(t), srv.NewClient(t), ElectionOptions{Key: key, TTL: 5 * time.Second * scale})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer a.Close()
+		b, err := NewElection(testCtx(t), bCli, ElectionOptions{Key: key, TTL: 5 * time.Second * scale})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Close()
+		if err := a.Campaign(testCtx(t), "a"); err != nil {
+			t.Fatal(err)
+		}
+		h.armed.Store(true)
+		w := startWaiter(func() error { return b.Campaign(testCtx(t), "b") }, func() bool { return true })
+		waitClosed(t, h.held, "the waiter's watch held back")
+		// The leader goes while the waiter's watch is not registered.
+		if err := a.Resign(testCtx(t)); err != nil {
+			t.Fatal(err)
+		}
+		h.armed.Store(false)
+		close(h.release)
+		waitClosed(t, w.done, "the waiter leading after the leader resigned")
+		if w.err != nil || !b.IsLeader() {
+			t.Fatalf("Campaign: %v, leading %v", w.err, b.IsLeader())
+		}
+	})
+
+	t.Run("a candidate put whose answer comes after its deadline is taken for landed: its key does not stay on the live session", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		const key = "/edge/put"
+		ttl := time.Second * scale
+		f := &delayTxn{prefix: key + "/", d: 2 * ttl}
+		cfg := srv.ClientConfig()
+		cfg.DialOptions = append(cfg.DialOptions, grpc.WithChainUnaryInterceptor(f.intercept))
+		eCli, err := clientv3.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer eCli.Close()
+		e, err := NewElection(testCtx(t), eCli, ElectionOptions{Key: key, TTL: ttl})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		f.armed.Store(true)
+		ctx, cancel := context.WithTimeout(testCtx(t), ttl/4)
+		defer cancel()
+		if err := e.Campaign(ctx, "x"); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Campaign: %v, want DeadlineExceeded", err)
+		}
+		f.armed.Store(false)
+		if keyCount(t, cli, key+"/") != 1 {
+			t.Fatal("the put did not land")
+		}
+		eventually(t, "the landed key removed", func() bool { return keyCount(t, cli, key+"/") == 0 })
+	})
+
+	t.Run("the Guard of a permit or leadership that ended fails while its key still stands in etcd", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		f := &deleteFaults{}
+		fCli := f.client(t, srv.ClientConfig())
+		s, err := NewSemaphore(testCtx(t), fCli, SemaphoreOptions{Key: "/edge/sem", Limit: 1, TTL: 5 * time.Second * scale})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		// Pooled: a Resign cut short leaves the shared session, and the
+		// key on it, alone.
+		pool, err := NewElectionPool(fCli, PoolOptions{TTL: 5 * time.Second * scale})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		e, err := pool.Election(testCtx(t), "/edge/el")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := mustPermit(t, s)
+		if err := e.Campaign(testCtx(t), "x"); err != nil {
+			t.Fatal(err)
+		}
+		// Deletes fail for a while: Release and Resign return at their
+		// ctx's end, the keys standing, the terms over.
+		f.set(0, time.Second*scale)
+		ctx, cancel := context.WithTimeout(testCtx(t), 100*time.Millisecond)
+		defer cancel()
+		if err := p.Release(ctx); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Release: %v, want DeadlineExceeded", err)
+		}
+		ctx, cancel = context.WithTimeout(testCtx(t), 100*time.Millisecond)
+		defer cancel()
+		if err := e.Resign(ctx); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Resign: %v, want DeadlineExceeded", err)
+		}
+		if keyCount(t, cli, "/edge/sem/") != 1 || keyCount(t, cli, "/edge/el/") != 1 {
+			t.Fatal("a key went: the delete did not fail")
+		}
+		if pg, eg := guardsHold(cli, p.Guard()), guardsHold(cli, e.Guard()); pg || eg {
+			t.Fatalf("the Guard of an ended term holds while its key stands: permit's %v, leadership's %v (%v)", pg, eg, p.Guard())
+		}
+		eventually(t, "the keys removed once deletes pass", func() bool {
+			return keyCount(t, cli, "/edge/sem/")+keyCount(t, cli, "/edge/el/") == 0
+		})
+	})
 }

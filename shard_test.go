@@ -1070,6 +1070,8 @@ func TestShardSet(t *testing.T) {
 	t.Run("NewShardSet returns within its ctx when etcd cannot be reached, and fails when the hosts may not be read", testShardUnreachable)
 	t.Run("bad input is refused and nothing is written", testShardBadInput)
 	t.Run("a shard won while our view lags runs only once the view has caught up with the win, and not if our member key was gone then", testShardStaleView)
+	t.Run("a member whose host is not live takes no slot: the live members own every shard", testShardMemberNotLive)
+	t.Run("a member joining takes shards over from a live owner only once no member joined for Settle", testShardSettleHoldsMoves)
 	t.Run("a shard whose owner left is taken at once while members keep joining: Settle holds back planned moves only", testShardFailoverAmidJoins)
 	t.Run("a Host stopped before or while NewShardSet runs makes it fail with ErrHostGone, or the set end with it", testShardHostStopped)
 }
@@ -1120,6 +1122,51 @@ func testShardStaleView(t *testing.T) {
 		if ev.Host == b.id && ev.Token < del.Header.Revision {
 			t.Fatalf("b ran the shard with token %d, a candidacy put before its member key was deleted (at %d): on a stale view", ev.Token, del.Header.Revision)
 		}
+	}
+}
+
+// testShardMemberNotLive: b runs a set (its member key is there) but is
+// not registered: a ranks it nowhere, and owns every shard.
+func testShardMemberNotLive(t *testing.T) {
+	srv, cli := newEtcd(t)
+	l := newShLedger()
+	shards := shNames(8)
+	a := shRegister(t, srv, "host-a")[0]
+	// One candidate a shard: a shard that ranked b first would be no
+	// one's.
+	opts := ShardOptions{Shards: shards, Replicas: 1}
+	shSet(t, srv.NewClient(t), "host-b", l, opts)
+	etWaitCount(t, cli, memberKey(ShardsPrefix, "host-b"), 1)
+	a.start(t, l, opts)
+	l.until(t, "a owning every shard", func() bool { return len(a.set.Owned()) == len(shards) })
+}
+
+// testShardSettleHoldsMoves: c joins a fleet whose shards a owns; it
+// campaigns for those it ranks first only once Settle has passed since
+// the last join (its own).
+func testShardSettleHoldsMoves(t *testing.T) {
+	srv, _ := newEtcd(t)
+	l := newShLedger()
+	shards := shNames(8)
+	hs := shRegister(t, srv, "host-a", "host-c")
+	a, c := hs[0], hs[1]
+	settle := time.Second * scale
+	opts := ShardOptions{Shards: shards, Replicas: 1, Settle: settle}
+	a.start(t, l, opts)
+	l.until(t, "a owning every shard", func() bool { return len(a.set.Owned()) == len(shards) })
+	mark := l.mark()
+	joined := time.Now()
+	c.start(t, l, opts)
+	var first shEvent
+	l.until(t, "c taking a shard over", func() bool {
+		evs := slices.DeleteFunc(l.since(mark, SignalShardAcquired), func(ev shEvent) bool { return ev.Host != c.id })
+		if len(evs) > 0 {
+			first = evs[0]
+		}
+		return len(evs) > 0
+	})
+	if took := first.at.Sub(joined); took < settle {
+		t.Fatalf("c took %s over %v after joining, before Settle (%v)", first.Shard, took, settle)
 	}
 }
 

@@ -1072,6 +1072,7 @@ func TestShardSet(t *testing.T) {
 	t.Run("a shard won while our view lags runs only once the view has caught up with the win, and not if our member key was gone then", testShardStaleView)
 	t.Run("a member whose host is not live takes no slot: the live members own every shard", testShardMemberNotLive)
 	t.Run("a member joining takes shards over from a live owner only once no member joined for Settle", testShardSettleHoldsMoves)
+	t.Run("a set whose host watcher etcd refuses for good ends, saying why", testShardHostsRefused)
 	t.Run("a shard whose owner left is taken at once while members keep joining: Settle holds back planned moves only", testShardFailoverAmidJoins)
 	t.Run("a Host stopped before or while NewShardSet runs makes it fail with ErrHostGone, or the set end with it", testShardHostStopped)
 }
@@ -1167,6 +1168,26 @@ func testShardSettleHoldsMoves(t *testing.T) {
 	})
 	if took := first.at.Sub(joined); took < settle {
 		t.Fatalf("c took %s over %v after joining, before Settle (%v)", first.Shard, took, settle)
+	}
+}
+
+// testShardHostsRefused: the set's user loses the right to read the
+// hosts; etcd restarts, and the host watcher's listing is refused: the
+// set ends (Done, Err), it does not run blind.
+func testShardHostsRefused(t *testing.T) {
+	srv, _ := newEtcd(t)
+	login := enableAuth(t, srv, map[string][]keyRange{"member": {prefixRange(ShardsPrefix), prefixRange(HostsPrefix)}})
+	root := login("root")
+	register(t, root, "x", LivenessOptions{TTL: 5 * time.Second * scale})
+	l := newShLedger()
+	s := shSet(t, login("member"), "x", l, ShardOptions{Shards: shNames(2), TTL: 5 * time.Second * scale})
+	l.until(t, "x owning every shard", func() bool { return len(s.Owned()) == 2 })
+	must := mustOK(t)
+	must(root.RoleRevokePermission(testCtx(t), "member", HostsPrefix, clientv3.GetPrefixRangeEnd(HostsPrefix)))
+	srv.Restart()
+	waitClosed(t, s.Done(), "the set's end")
+	if !errors.Is(s.Err(), rpctypes.ErrPermissionDenied) || len(s.Owned()) != 0 {
+		t.Fatalf("the set ended with %v, owning %v; want permission denied, nothing", s.Err(), s.Owned())
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -859,5 +860,82 @@ func TestCandidacyEdges(t *testing.T) {
 		eventually(t, "the keys removed once deletes pass", func() bool {
 			return keyCount(t, cli, "/edge/sem/")+keyCount(t, cli, "/edge/el/") == 0
 		})
+	})
+}
+
+func TestCandidacyShardSetFaults(t *testing.T) {
+	t.Run("after a del --prefix of a shard set's whole Prefix, members included, every shard is owned again by its top member alone, each Guard holding", func(t *testing.T) {
+		srv, l, shards, hosts := shFleet(t, 8, 3)
+		shStartAll(t, l, hosts, ShardOptions{Shards: shards, TTL: 5 * time.Second * scale})
+		cli := srv.Client()
+		// Each shard's election, then the whole Prefix, members
+		// included.
+		for _, sh := range append(slices.Clone(shards), "") {
+			p := ShardsPrefix
+			if sh != "" {
+				p += sh + "/"
+			}
+			if _, err := cli.Delete(testCtx(t), p, clientv3.WithPrefix()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// The terms seen ending, and new ones begun, every shard is its
+		// top member's again, on a key that stands (a phantom owner
+		// would keep a gone key's shard for good).
+		top := shTops(shards, shIDsOf(hosts))
+		eventually(t, "every shard owned by its top member alone, its Guard holding", func() bool {
+			owners := shOwners(hosts)
+			for _, sh := range shards {
+				if !slices.Equal(owners[sh], []string{top[sh]}) {
+					return false
+				}
+			}
+			for _, h := range hosts {
+				for _, sh := range h.set.Owned() {
+					if !guardsHold(cli, sh.Guard) {
+						return false
+					}
+				}
+			}
+			return true
+		})
+	})
+
+	t.Run("a handoff whose resign meets a transient error ends no other Run of the member", func(t *testing.T) {
+		srv, l, shards, hosts := shFleet(t, 8, 2)
+		f := &deleteFaults{}
+		a, c := hosts[0], hosts[1]
+		// a alone owns every shard, on one shared session.
+		ended := map[string]error{} // why each Run of a ended, by shard
+		var mu sync.Mutex
+		opts := ShardOptions{Shards: shards, Replicas: 1, TTL: 5 * time.Second * scale, Run: func(ctx context.Context, s Shard) {
+			<-ctx.Done()
+			mu.Lock()
+			ended[s.Name] = context.Cause(ctx)
+			mu.Unlock()
+		}}
+		a.set = shSet(t, f.client(t, srv.ClientConfig()), a.id, l, opts)
+		l.until(t, "a owning every shard", func() bool { return len(a.set.Owned()) == len(shards) })
+		// c joins: a hands over the shards c ranks first, each resign
+		// meeting "no leader" once.
+		f.set(len(shards), 0)
+		mark := l.mark()
+		c.start(t, l, ShardOptions{Shards: shards, Replicas: 1, TTL: 5 * time.Second * scale})
+		moved := shTops(shards, []string{a.id, c.id})
+		for _, s := range shards {
+			if moved[s] == c.id {
+				l.waitEvent(t, mark, SignalShardAcquired, c.id, s)
+			}
+		}
+		if f.count() == 0 {
+			t.Fatal("no delete failed")
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for _, s := range shards {
+			if err, ok := ended[s]; ok && moved[s] == a.id {
+				t.Fatalf("a's Run of %s, which it keeps, ended: %v", s, err)
+			}
+		}
 	})
 }

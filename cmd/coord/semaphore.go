@@ -184,7 +184,7 @@ func acquireAndHold(ctx context.Context, s *coord.Semaphore, timeout time.Durati
 		return err
 	}
 	fmt.Fprintf(stdout, "%s  holding a permit of %s as %q (token %d)\n", time.Now().Format(timestamp), key, identity, p.Token())
-	return hold(ctx, p.Done(), "acquire "+key+": permit lost", p.Err, p.Release, timeout,
+	return hold(ctx, p.Done(), "acquire "+key, p.Err, p.Release, timeout,
 		func() { fmt.Fprintf(stdout, "%s  released a permit of %s\n", time.Now().Format(timestamp), key) })
 }
 

@@ -122,7 +122,7 @@ func TestSemaphoreAndAcquire(t *testing.T) {
 			t.Fatal(err)
 		}
 		r := c.wait(t)
-		if r.code != exitError || !strings.Contains(r.stderr, "coord: acquire /s/lost: permit lost: leadership lost: permit key deleted\n") {
+		if r.code != exitError || !strings.Contains(r.stderr, "coord: acquire /s/lost: permit lost: permit key deleted\n") {
 			t.Fatalf("status %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
 		}
 	})

@@ -77,6 +77,13 @@
 //     HostMetadata JSON counts as no host (it is logged and skipped).
 //   - Leadership is a lease, not a lock on the world: act on etcd under
 //     Guard, or check Done, to fence work done elsewhere.
+//   - A write the client reported as failed may still land: a Txn whose
+//     answer was lost (context canceled, deadline exceeded, connection
+//     reset, "request timed out") can be applied seconds later, after
+//     Run has returned or Done has closed. Guard still decides it at the
+//     revision etcd applies it: it lands only if the term held then. Make
+//     such writes idempotent (keyed by what they do, not by when), or
+//     read back before acting on a failure.
 package coord
 
 import (

@@ -511,13 +511,12 @@ func (e *Election) Token() int64 {
 	return 0
 }
 
-// wonAt returns the revision from which the current leadership holds, or
-// 0 when we do not lead (judged as IsLeader).
+// wonAt returns the revision from which the latest leadership holds (or
+// held); called once a Campaign has won, so there is one.
 func (e *Election) wonAt() int64 {
-	if l := e.current(); l != nil {
-		return l.at
-	}
-	return 0
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.lead.at
 }
 
 // Guard returns a Txn comparison that holds only while our leader key

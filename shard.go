@@ -762,29 +762,32 @@ func (s *ShardSet) viewAtLocked(rev int64) {
 // under the prefix) asks etcd where its watch is, and again with backoff
 // (etcd answers only once every watch of the stream has caught up).
 func (s *ShardSet) catchUp(ctx context.Context, rev int64) {
-	var r retry
-	for {
+	var (
+		r    retry
+		next time.Time // when to ask etcd where the watch is, again
+	)
+	for ctx.Err() == nil {
 		s.mu.Lock()
 		at, moved := s.viewRev, s.viewMoved
 		s.mu.Unlock()
 		if at >= rev {
 			return
 		}
-		if r == (retry{}) {
-			s.log.Debug("coord: shard won, waiting for our view to catch up", "view", at, "won", rev)
+		if now := time.Now(); !now.Before(next) {
+			if next.IsZero() {
+				s.log.Debug("coord: shard won, waiting for our view to catch up", "view", at, "won", rev)
+			}
+			// The watch's stream is the one of its ctx's metadata.
+			s.cli.RequestProgress(clientv3.WithRequireLeader(ctx))
+			next = now.Add(r.next())
 		}
-		// The watch's stream is the one of its ctx's metadata.
-		s.cli.RequestProgress(clientv3.WithRequireLeader(ctx))
-		t := time.NewTimer(r.next())
+		t := time.NewTimer(time.Until(next))
 		select {
 		case <-moved:
 		case <-t.C:
 		case <-ctx.Done():
 		}
 		t.Stop()
-		if ctx.Err() != nil {
-			return
-		}
 	}
 }
 

@@ -125,26 +125,13 @@ func mustStillWait(t *testing.T, cli *clientv3.Client, tap *logTap, ask string, 
 	}
 }
 
-// waitLog returns a channel closed once tap has n records of msg.
+// waitLog returns a channel closed once tap has n records of msg (or at
+// patience's end).
 func waitLog(tap *logTap, msg string, n int) <-chan struct{} {
 	c := make(chan struct{})
 	go func() {
 		defer close(c)
-		deadline := time.After(patience())
-		for tap.count(msg) < n {
-			root := tap.root()
-			root.mu.Lock()
-			changed := root.changed
-			root.mu.Unlock()
-			if tap.count(msg) >= n {
-				return
-			}
-			select {
-			case <-changed:
-			case <-deadline:
-				return
-			}
-		}
+		tap.reached(msg, n)
 	}()
 	return c
 }

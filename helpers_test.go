@@ -253,6 +253,14 @@ func (l *logTap) count(msg string) int {
 // wait waits until at least n records carry msg.
 func (l *logTap) wait(t *testing.T, msg string, n int) {
 	t.Helper()
+	if !l.reached(msg, n) {
+		t.Fatalf("no %d× log record %q before the deadline", n, msg)
+	}
+}
+
+// reached waits, up to patience, until at least n records carry msg, and
+// reports whether they did; it may run on any goroutine.
+func (l *logTap) reached(msg string, n int) bool {
 	deadline := time.After(patience())
 	for {
 		root := l.root()
@@ -260,12 +268,12 @@ func (l *logTap) wait(t *testing.T, msg string, n int) {
 		changed := root.changed
 		root.mu.Unlock()
 		if l.count(msg) >= n {
-			return
+			return true
 		}
 		select {
 		case <-changed:
 		case <-deadline:
-			t.Fatalf("no %d× log record %q before the deadline", n, msg)
+			return false
 		}
 	}
 }

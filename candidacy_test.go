@@ -236,12 +236,7 @@ func TestCandidacyLaggingWatch(t *testing.T) {
 	t.Run("a shard set's standby whose watch sits on a lagging member does not take the replayed delete of the owner's earlier term for its turn", func(t *testing.T) {
 		s := newLagSplit(t)
 		cli := s.healthy.NewClient(t)
-		var shard string
-		for i := 0; shard == ""; i++ {
-			if name := fmt.Sprintf("s%d", i); RankHosts(name, []string{"host-a", "host-b"})[0] == "host-a" {
-				shard = name
-			}
-		}
+		shard := shRankedAs("host-a", "host-b")
 		l := newShLedger()
 		opts := ShardOptions{Shards: []string{shard}, Replicas: 2, TTL: 5 * time.Second * scale}
 		aCli := s.client(t, false)

@@ -54,6 +54,16 @@ func shIDs(n int) []string {
 // ranks them.
 func shRank(shard string, hosts []string) []string { return RankHosts(shard, hosts) }
 
+// shRankedAs returns the first shard name s0, s1, … whose ranking of
+// hosts is hosts in the order given.
+func shRankedAs(hosts ...string) string {
+	for i := 0; ; i++ {
+		if name := fmt.Sprintf("s%d", i); slices.Equal(shRank(name, hosts), hosts) {
+			return name
+		}
+	}
+}
+
 // shTops returns the best-ranked host of each shard.
 func shTops(shards, hosts []string) map[string]string {
 	top := map[string]string{}
@@ -1084,12 +1094,7 @@ func TestShardSet(t *testing.T) {
 func testShardStaleView(t *testing.T) {
 	srv, cli := newEtcd(t)
 	l := newShLedger()
-	var shard string
-	for i := 0; shard == ""; i++ {
-		if name := fmt.Sprintf("s%d", i); shRank(name, []string{"host-a", "host-b"})[0] == "host-a" {
-			shard = name
-		}
-	}
+	shard := shRankedAs("host-a", "host-b")
 	hs := shRegister(t, srv, "host-a", "host-b")
 	a, b := hs[0], hs[1]
 	opts := ShardOptions{Shards: []string{shard}}
@@ -1199,12 +1204,7 @@ func testShardFailoverAmidJoins(t *testing.T) {
 	srv, _ := newEtcd(t)
 	l := newShLedger()
 	hosts := []string{"host-a", "host-b", "host-c"}
-	var shard string
-	for i := 0; shard == ""; i++ {
-		if name := fmt.Sprintf("s%d", i); slices.Equal(shRank(name, hosts), hosts) {
-			shard = name
-		}
-	}
+	shard := shRankedAs(hosts...)
 	hs := shRegister(t, srv, hosts...)
 	a, b, c := hs[0], hs[1], hs[2]
 	opts := ShardOptions{Shards: []string{shard}, Replicas: 1, Settle: 2 * time.Second * scale}

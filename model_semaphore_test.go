@@ -315,6 +315,9 @@ func (m *model) checkSemaphore() (revs, instants int64, writes, tokens int) {
 		spans = append(spans, s)
 	}
 	revs = mdOverLimit(spans, mdSemLimit)
+	m.mu.Lock()
+	deletes := m.deletes
+	m.mu.Unlock()
 	m.sem.mu.Lock()
 	defer m.sem.mu.Unlock()
 	var believed [][2]int64
@@ -323,8 +326,13 @@ func (m *model) checkSemaphore() (revs, instants int64, writes, tokens int) {
 			m.t.Errorf("seed %d: permit %d of %s never ended", m.cfg.seed, t.token, t.ident)
 			continue
 		}
-		// Half-open on the monotonic clock: [start, end - 1ns].
-		believed = append(believed, [2]int64{int64(t.start.Sub(m.start)), int64(t.end.Sub(m.start)) - 1})
+		// Half-open on the monotonic clock: [start, end - 1ns], ended at
+		// an outside delete that took its key, if one came first.
+		end := outsideEnd(deletes, mdSem+"/", t.token, t.end)
+		if !end.After(t.start) {
+			continue
+		}
+		believed = append(believed, [2]int64{int64(t.start.Sub(m.start)), int64(end.Sub(m.start)) - 1})
 	}
 	instants = mdOverLimit(believed, mdSemLimit)
 	return revs, instants, len(resp.Kvs), len(span)

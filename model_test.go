@@ -155,7 +155,7 @@ func (k mdKind) String() string { return mdKindNames[k] }
 var mdWeights = [mdKinds]int{
 	mdRegister: 14, mdStop: 5, mdCrash: 5, mdUpdate: 14, mdCampaign: 18, mdTryCampaign: 8,
 	mdResign: 5, mdCutAgent: 7, mdCutWatcher: 5, mdRestart: 2, mdCompact: 4, mdRewatch: 2, mdHandover: 7, mdCutLeader: 4,
-	mdLag: 5, mdAcquire: 10, mdTryAcquire: 5, mdRelease: 6, mdCutHolder: 4, mdRangeDelete: 0, mdDeleteFault: 4,
+	mdLag: 5, mdAcquire: 10, mdTryAcquire: 5, mdRelease: 6, mdCutHolder: 4, mdRangeDelete: 2, mdDeleteFault: 4,
 }
 
 // mdShape is a way a link fails.
@@ -231,9 +231,11 @@ type model struct {
 	cuts   map[*coordtest.Proxy]*mdCut
 	wins   map[int64]string // token -> identity that won it
 	terms  []*mdTerm
-	quiets int
-	lags   int            // lagging consumers
-	bg     sync.WaitGroup // term watchers
+	// deletes are the range deletes of candidates sent from outside.
+	deletes []mdDelete
+	quiets  int
+	lags    int            // lagging consumers
+	bg      sync.WaitGroup // term watchers
 
 	sem mdSemState
 }
@@ -247,6 +249,53 @@ type mdTerm struct {
 	token        int64
 	done         <-chan struct{}
 	start, end   time.Time // end is zero while it lasts
+}
+
+// mdDelete is a range delete of candidate keys under prefix, sent from
+// outside at sent and applied at revision rev.
+type mdDelete struct {
+	prefix string
+	rev    int64
+	sent   time.Time
+}
+
+// outsideEnd returns when a term, of a key under prefix created at token
+// and believed held until end, ended as far as etcd is concerned: end,
+// or the sending of an outside range delete that took its key, if that
+// came first. A key created before such a delete and still standing when
+// it was sent went with it, and its Guard fails from then on; its holder
+// learns it only when the delete reaches its watch, so until then it
+// still believes it holds, while a waiter may already have won: the
+// checks of believed terms count it as ended at the delete (the fenced
+// writes are checked whole).
+func outsideEnd(deletes []mdDelete, prefix string, token int64, end time.Time) time.Time {
+	for _, d := range deletes {
+		if d.prefix == prefix && token < d.rev && d.sent.Before(end) {
+			return d.sent
+		}
+	}
+	return end
+}
+
+// takenByDeletes counts the terms and permits that an outside range
+// delete ended (see outsideEnd).
+func (m *model) takenByDeletes() (n int) {
+	m.mu.Lock()
+	deletes := m.deletes
+	for _, t := range m.terms {
+		if outsideEnd(deletes, mdCandidate, t.token, t.end) != t.end {
+			n++
+		}
+	}
+	m.mu.Unlock()
+	m.sem.mu.Lock()
+	defer m.sem.mu.Unlock()
+	for _, t := range m.sem.terms {
+		if outsideEnd(deletes, mdSem+"/", t.token, t.end) != t.end {
+			n++
+		}
+	}
+	return n
 }
 
 // mdCut is a proxy cut off until due.
@@ -361,7 +410,7 @@ func (m *model) run() {
 	m.t.Logf("ops: %s", strings.Join(ops, " "))
 	m.t.Logf("leadership: %d terms, %d fenced writes under %d tokens (%d attempted writes succeeded), longest overlap %v",
 		terms, writes, tokens, m.writes.Load(), longest)
-	m.t.Logf("overlaps: %d", overlaps)
+	m.t.Logf("overlaps: %d; terms and permits ended by an outside range delete: %d", overlaps, m.takenByDeletes())
 	m.sem.mu.Lock()
 	permits, attempted := len(m.sem.terms), m.sem.writes
 	m.sem.mu.Unlock()
@@ -473,21 +522,22 @@ func (m *model) step(step int) {
 	case mdAcquire, mdTryAcquire, mdRelease, mdCutHolder:
 		m.semStep(k, a)
 	case mdRangeDelete:
-		// Weight 0 for now: a leader whose key an operator deletes learns
-		// it only when the delete reaches its watch, so the terms check
-		// (believed leadership) sees an overlap the Guard does not allow
-		// (32 ms under riscv64 emulation); the check must exclude such
-		// terms first. An operator's reset: del --prefix of the election's or the
+		// An operator's reset: del --prefix of the election's or the
 		// semaphore's candidates, in one revision, leader and waiters
-		// at once.
+		// at once. The terms it takes are counted as ended when it was
+		// sent (see outsideEnd).
 		prefix := []string{mdCandidate, mdSem + "/"}[m.rng.IntN(2)]
 		ctx, cancel := context.WithTimeout(context.Background(), patience())
+		sent := time.Now()
 		resp, err := m.cli.Delete(ctx, prefix, clientv3.WithPrefix())
 		cancel()
 		if err != nil {
 			m.fatalf("range delete of %s: %v", prefix, err)
 		}
-		m.tracef("deleted %d keys under %s", resp.Deleted, prefix)
+		m.mu.Lock()
+		m.deletes = append(m.deletes, mdDelete{prefix: prefix, rev: resp.Header.Revision, sent: sent})
+		m.mu.Unlock()
+		m.tracef("deleted %d keys under %s at revision %d", resp.Deleted, prefix, resp.Header.Revision)
 	case mdDeleteFault:
 		// The agent's next delete, or all of them for a while, meet "no
 		// leader", as during an etcd leader change; a resign follows.
@@ -878,7 +928,10 @@ func (m *model) checkTerms() (overlaps int, longest time.Duration) {
 			if b.agent == a.agent {
 				continue
 			}
-			end := a.end
+			end := outsideEnd(m.deletes, mdCandidate, a.token, a.end)
+			if !b.start.Before(end) {
+				continue // a's key went with an outside delete first
+			}
 			if !b.end.IsZero() && b.end.Before(end) {
 				end = b.end
 			}

@@ -300,6 +300,26 @@ func TestSemaphore(t *testing.T) {
 		}
 	})
 
+	t.Run("an Acquire waiting on the session of a permit revoked from outside gets no permit on the dead lease", func(t *testing.T) {
+		// One session holds the permit and the waiting candidacy; the
+		// revoke deletes both keys in one revision, the permit's first.
+		_, cli := newEtcd(t)
+		s := smSemaphore(t, cli, SemaphoreOptions{Limit: 1})
+		p := smAcquire(t, s)
+		res := smQueue(t, testCtx(t), cli, s, 2)
+		dead := p.l.sess.id
+		etRevoke(t, cli, dead)
+		waitClosed(t, p.Done(), "the revoked permit's Done")
+		q := smGot(t, res).p
+		if q.l.sess.id == dead {
+			t.Fatalf("Acquire returned permit %d on the revoked lease %s", q.Token(), hexID(dead))
+		}
+		resp, err := cli.Txn(testCtx(t)).If(q.Guard()).Commit()
+		if err != nil || !resp.Succeeded {
+			t.Fatalf("the new permit's Guard: %v, %v", resp, err)
+		}
+	})
+
 	t.Run("a waiting Acquire cut off from etcd waits through the outage and queues again", func(t *testing.T) {
 		srv, cli := newEtcd(t)
 		px := srv.NewProxy(t)

@@ -79,12 +79,21 @@ func TestModel(t *testing.T) {
 	t.Run("random operations and faults keep replicas exact and fenced writes in token order", func(t *testing.T) {
 		newModel(t, mdConfigFromEnv(t)).run()
 	})
+	t.Run("on a 3-member cluster, with some agents' watches on a member that lags", func(t *testing.T) {
+		cfg := mdConfigFromEnv(t)
+		cfg.cluster = true
+		cfg.steps, cfg.budget = cfg.steps/2, cfg.budget/2
+		newModel(t, cfg).run()
+	})
 }
 
 type mdConfig struct {
 	seed   uint64
 	steps  int
 	budget time.Duration
+	// cluster runs the model on a 3-member cluster (see mdCluster), with
+	// the lag-member step.
+	cluster bool
 }
 
 func mdConfigFromEnv(t *testing.T) mdConfig {
@@ -142,12 +151,13 @@ const (
 	mdCutHolder
 	mdRangeDelete
 	mdDeleteFault
+	mdLagMember
 	mdKinds
 )
 
 var mdKindNames = [mdKinds]string{"register", "stop", "crash", "update", "campaign", "try-campaign",
 	"resign", "cut-agent", "cut-watcher", "restart-etcd", "compact", "rewatch", "handover", "cut-leader", "lag",
-	"acquire", "try-acquire", "release", "cut-holder", "range-delete", "delete-fault"}
+	"acquire", "try-acquire", "release", "cut-holder", "range-delete", "delete-fault", "lag-member"}
 
 func (k mdKind) String() string { return mdKindNames[k] }
 
@@ -156,6 +166,7 @@ var mdWeights = [mdKinds]int{
 	mdRegister: 14, mdStop: 5, mdCrash: 5, mdUpdate: 14, mdCampaign: 18, mdTryCampaign: 8,
 	mdResign: 5, mdCutAgent: 7, mdCutWatcher: 5, mdRestart: 2, mdCompact: 4, mdRewatch: 2, mdHandover: 7, mdCutLeader: 4,
 	mdLag: 5, mdAcquire: 10, mdTryAcquire: 5, mdRelease: 6, mdCutHolder: 4, mdRangeDelete: 2, mdDeleteFault: 4,
+	mdLagMember: 5, // on a cluster only
 }
 
 // mdShape is a way a link fails.
@@ -203,12 +214,47 @@ func (l mdLink) String() string {
 	return l.shape.String()
 }
 
+// mdEtcd is the etcd of a model: a Server, or an mdCluster.
+type mdEtcd interface {
+	Client() *clientv3.Client
+	NewClient(t testing.TB) *clientv3.Client
+	// NewProxy returns a proxy for an agent's or a watcher's client.
+	NewProxy(t testing.TB) *coordtest.Proxy
+	// Stop and Restart stop and restart what the proxies lead to.
+	Stop()
+	Restart()
+	Compact(ctx context.Context) int64
+}
+
+// mdCluster is a 3-member cluster as a model's etcd. The proxies, Client
+// and NewClient lead to member 0; watcher w0 is an ordinary client of
+// every member.
+// The agents of odd index have their watches on member 2, lag, as
+// clientv3 leaves a client's watches on the member it first reached
+// while its other calls go elsewhere: the lag-member step isolates it
+// for a while, so that those watches fall behind, then replay what
+// they missed once it is healed; a restart of etcd restarts member 0 or
+// (a step of two) lag, which then catches up.
+type mdCluster struct {
+	*coordtest.Cluster
+	m0, lag *coordtest.Member
+	m0Cli   *clientv3.Client // m0's only
+	lagCli  *clientv3.Client // lag's only
+}
+
+func (c *mdCluster) NewProxy(t testing.TB) *coordtest.Proxy  { return c.m0.NewProxy(t) }
+func (c *mdCluster) Client() *clientv3.Client                { return c.m0Cli }
+func (c *mdCluster) NewClient(t testing.TB) *clientv3.Client { return c.m0.NewClient(t) }
+func (c *mdCluster) Stop()                                   { c.m0.Stop() }
+func (c *mdCluster) Restart()                                { c.m0.Restart() }
+
 // model is the test's world: one etcd, the agents, the watchers, and what
 // has been observed so far.
 type model struct {
 	t     *testing.T
 	cfg   mdConfig
-	srv   *coordtest.Server
+	srv   mdEtcd
+	lag   *mdCluster       // srv on a cluster, else nil
 	cli   *clientv3.Client // direct: etcd's truth
 	rng   *rand.Rand       // the driver's operations and pauses; never shared
 	qrng  *rand.Rand       // the driver's quiet periods, apart so that time-driven ones leave the operations as they are
@@ -225,12 +271,14 @@ type model struct {
 	writes   atomic.Int64
 	teardown sync.Once
 
-	mu     sync.Mutex
-	trace  []string
-	counts [mdKinds]int
-	cuts   map[*coordtest.Proxy]*mdCut
-	wins   map[int64]string // token -> identity that won it
-	terms  []*mdTerm
+	mu       sync.Mutex
+	trace    []string
+	counts   [mdKinds]int
+	cuts     map[*coordtest.Proxy]*mdCut
+	wins     map[int64]string // token -> identity that won it
+	terms    []*mdTerm
+	lagMu    sync.Mutex
+	lagTimer *time.Timer // heals the lag member (see mdCluster) while it is isolated
 	// deletes are the range deletes of candidates sent from outside.
 	deletes []mdDelete
 	quiets  int
@@ -318,7 +366,14 @@ func newModel(t *testing.T, cfg mdConfig) *model {
 		wins: map[int64]string{},
 	}
 	t.Logf("seed %d (replay with COORD_MODEL_SEED=%d), %d steps, budget %v", cfg.seed, cfg.seed, cfg.steps, cfg.budget)
-	m.srv = coordtest.NewServer(t)
+	if cfg.cluster {
+		c := coordtest.NewCluster(t, 3)
+		ms := c.Members()
+		m.lag = &mdCluster{Cluster: c, m0: ms[0], lag: ms[2], m0Cli: ms[0].NewClient(t), lagCli: ms[2].NewClient(t)}
+		m.srv = m.lag
+	} else {
+		m.srv = coordtest.NewServer(t)
+	}
 	m.cli = m.srv.Client()
 	m.checker = m.hist.readEvery(t, m.srv.NewClient(t), fhReadEvery, mdFenced)
 	for i := range mdAgents {
@@ -336,6 +391,9 @@ func newModel(t *testing.T, cfg mdConfig) *model {
 		{m: m, name: "w0", cli: m.srv.NewClient(t), buffer: 4},
 		{m: m, name: "w1", cli: m.srv.NewClient(t), self: "agent-0", buffer: 1, slow: true},
 		{m: m, name: "w2", cli: wpx.NewClient(t), px: wpx, buffer: 2},
+	}
+	if m.lag != nil {
+		m.watchers[0].cli = m.lag.Cluster.NewClient(t)
 	}
 	for _, w := range m.watchers {
 		w.backlog = 2 + m.rng.IntN(7)
@@ -435,14 +493,18 @@ func (m *model) run() {
 
 // step picks and performs one operation.
 func (m *model) step(step int) {
+	weights := mdWeights
+	if m.lag == nil {
+		weights[mdLagMember] = 0
+	}
 	total := 0
-	for _, w := range mdWeights {
+	for _, w := range weights {
 		total += w
 	}
 	n := m.rng.IntN(total)
 	k := mdKind(0)
-	for ; n >= mdWeights[k]; k++ {
-		n -= mdWeights[k]
+	for ; n >= weights[k]; k++ {
+		n -= weights[k]
 	}
 	a := m.agents[m.rng.IntN(len(m.agents))]
 	m.count(k)
@@ -511,6 +573,12 @@ func (m *model) step(step int) {
 			func(a *mdAgent) string { return a.burst(w, n, hold) })
 	case mdRestart:
 		began := time.Now()
+		if m.lag != nil && m.rng.IntN(2) == 0 {
+			m.tracef("restart the lag member")
+			m.lag.lag.Restart()
+			m.tracef("lag member restarted (%v)", time.Since(began).Round(time.Millisecond))
+			return
+		}
 		m.tracef("restart etcd")
 		m.srv.Restart()
 		m.tracef("etcd restarted (%v)", time.Since(began).Round(time.Millisecond))
@@ -526,10 +594,16 @@ func (m *model) step(step int) {
 		// semaphore's candidates, in one revision, leader and waiters
 		// at once. The terms it takes are counted as ended when it was
 		// sent (see outsideEnd).
+		// An attempt that failed (during a raft election, say) may still
+		// have been applied: the first one counts as when it was sent.
 		prefix := []string{mdCandidate, mdSem + "/"}[m.rng.IntN(2)]
 		ctx, cancel := context.WithTimeout(context.Background(), patience())
 		sent := time.Now()
 		resp, err := m.cli.Delete(ctx, prefix, clientv3.WithPrefix())
+		for err != nil && ctx.Err() == nil {
+			m.tracef("range delete of %s: %v; again", prefix, err)
+			resp, err = m.cli.Delete(ctx, prefix, clientv3.WithPrefix())
+		}
 		cancel()
 		if err != nil {
 			m.fatalf("range delete of %s: %v", prefix, err)
@@ -548,6 +622,45 @@ func (m *model) step(step int) {
 		a.faults.set(n, d)
 		m.tracef("%s: deletes fail: next %d, for %v", a.id, n, d.Round(time.Millisecond))
 		m.dispatch(a, "resign (deletes failing)", func(a *mdAgent) string { return a.resign() })
+	case mdLagMember:
+		// The member the odd agents watch on is cut off from its peers
+		// for a while: until it sees it has no leader, it serves their
+		// watches from where it was; once healed, it replays what it
+		// missed (the shape of two leaders at once in trust round 4).
+		d := 300*time.Millisecond + time.Duration(m.rng.Int64N(int64(2200*time.Millisecond)))
+		m.lagMu.Lock()
+		defer m.lagMu.Unlock()
+		if m.lagTimer != nil {
+			m.tracef("lag member already isolated")
+			return
+		}
+		m.lag.lag.Isolate()
+		m.lagTimer = time.AfterFunc(d, m.healLag)
+		m.tracef("lag member isolated for %v", d.Round(time.Millisecond))
+		// Meanwhile whoever leads resigns and campaigns again at once,
+		// on its session: the same key name, a new term; the odd agents,
+		// their watches on the lag member, then campaign behind it, and
+		// the lag member replays the delete of the first term once
+		// healed.
+		wait := d + time.Second + time.Duration(m.rng.Int64N(int64(time.Second)))
+		var leader *mdAgent
+		var term int64
+		key := ""
+		for _, ag := range m.agents {
+			if e := ag.shared.Load(); e != nil && e.IsLeader() {
+				leader, term = ag, e.Token()
+				key = m.termKey(term)
+				m.dispatch(ag, "resign and campaign again", func(a *mdAgent) string {
+					return a.resign() + "; " + a.campaign(wait, false)
+				})
+			}
+		}
+		for _, ag := range m.agents {
+			if ag.i%2 == 1 && ag != leader {
+				m.dispatch(ag, fmt.Sprintf("campaign within %v, behind the leader's new term", wait.Round(time.Millisecond)),
+					func(a *mdAgent) string { return m.behind(key, term, wait) + a.campaign(wait, false) })
+			}
+		}
 	case mdRewatch:
 		j := m.rng.IntN(len(m.watchers))
 		m.tracef("rewatch %s", m.watchers[j].name)
@@ -649,6 +762,55 @@ func mdResets(px *coordtest.Proxy, burst time.Duration) func() {
 	}
 }
 
+// termKey returns the candidate key of term, if it is there.
+func (m *model) termKey(term int64) string {
+	ctx, cancel := context.WithTimeout(context.Background(), patience())
+	defer cancel()
+	resp, err := m.cli.Get(ctx, mdCandidate, clientv3.WithPrefix())
+	if err != nil {
+		m.fatalf("read the candidates: %v", err)
+	}
+	for _, kv := range resp.Kvs {
+		if kv.CreateRevision == term {
+			return string(kv.Key)
+		}
+	}
+	return ""
+}
+
+// behind waits, within d, until key (if any) is there again for a term
+// after term, so that a campaign then queues behind it, and says if it
+// did not.
+func (m *model) behind(key string, term int64, d time.Duration) string {
+	if key == "" {
+		return ""
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	for {
+		resp, err := m.cli.Get(ctx, key)
+		if err == nil && len(resp.Kvs) == 1 && resp.Kvs[0].CreateRevision > term {
+			return ""
+		}
+		if !sleep(ctx, 10*time.Millisecond) {
+			return fmt.Sprintf("%s not there again after term %d; ", key, term)
+		}
+	}
+}
+
+// healLag heals the lag member (see mdCluster) if it is isolated.
+func (m *model) healLag() {
+	m.lagMu.Lock()
+	defer m.lagMu.Unlock()
+	if m.lagTimer == nil {
+		return
+	}
+	m.lagTimer.Stop()
+	m.lagTimer = nil
+	m.lag.lag.Heal()
+	m.tracef("lag member healed")
+}
+
 // healTimed ends the pause or the slow link c of px, unless it is over.
 func (m *model) healTimed(px *coordtest.Proxy, c *mdCut) {
 	m.mu.Lock()
@@ -725,6 +887,7 @@ func (m *model) heal(all, restart bool) {
 func (m *model) quiet(label string) {
 	m.t.Helper()
 	m.heal(true, true)
+	m.healLag()
 	m.tracef("quiet period %s", label)
 	for _, a := range m.agents {
 		b := make(chan struct{})
@@ -994,6 +1157,7 @@ func (m *model) won(a *mdAgent, e *Election) {
 func (m *model) shutdown() {
 	m.teardown.Do(func() {
 		m.heal(true, false)
+		m.healLag()
 		m.stopping.Store(true)
 		for _, a := range m.agents {
 			close(a.queue)
@@ -1145,6 +1309,9 @@ func (a *mdAgent) register() string {
 		if err != nil {
 			a.m.errorf("%s: new client: %v", a.id, err)
 			return "no client"
+		}
+		if a.m.lag != nil && a.i%2 == 1 {
+			cli.Watcher = clientv3.NewWatcher(a.m.lag.lagCli) // see mdCluster
 		}
 		a.cli = cli
 		a.clients = append(a.clients, cli)

@@ -39,22 +39,28 @@ func TestShardMembers(t *testing.T) {
 func smOwners(t *testing.T, l *shLedger, shards []string, sets map[string]*ShardSet, want func(shard string) string) map[string]string {
 	t.Helper()
 	var got map[string]string
+	var wrong []string // at the last look: shards owned twice, or not by the one that ranks first
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("at the last look, %d of %d shards owned otherwise, the first: %v", len(wrong), len(shards), wrong[:min(len(wrong), 8)])
+		}
+	})
 	l.until(t, "every shard owned by the member that ranks first", func() bool {
-		got = map[string]string{}
+		got, wrong = map[string]string{}, nil
 		for id, s := range sets {
 			for _, sh := range s.Owned() {
 				if _, dup := got[sh.Name]; dup {
-					return false
+					wrong = append(wrong, sh.Name+" owned twice")
 				}
 				got[sh.Name] = id
 			}
 		}
 		for _, sh := range shards {
 			if got[sh] != want(sh) {
-				return false
+				wrong = append(wrong, fmt.Sprintf("%s owned by %q, ranked first: %s", sh, got[sh], want(sh)))
 			}
 		}
-		return len(got) == len(shards)
+		return len(wrong) == 0
 	})
 	return got
 }

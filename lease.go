@@ -479,6 +479,7 @@ func (s *session) run(wg *sync.WaitGroup) {
 			s.log.Debug("coord: session released", "err", err)
 			return
 		}
+		s.log.Debug("coord: session lease not revoked, trying again", "err", err)
 	}
 }
 

@@ -603,3 +603,42 @@ func (tap *sdTap) answerAfter(t *testing.T, since time.Time) time.Time {
 		}
 	}
 }
+
+func TestElectionStepDownKeyRemoved(t *testing.T) {
+	t.Parallel() // long and bound by waits: see "Parallel tests" in helpers_test.go
+	// The leader's member loses its peers: no leader, renewals and the
+	// revoke after the step-down unanswered. Once raft has a leader
+	// again, the key goes with a revoke tried again, as soon as etcd
+	// answers: not with the lease, which the new leader gives a full
+	// TTL.
+	c := coordtest.NewCluster(t, 3)
+	ctx := testCtx(t)
+	ms := c.Members()
+	via, ttl := ms[1], 3*time.Second*scale
+	tap, log := newLogTap()
+	a := etElection(t, via.NewClient(t), ElectionOptions{TTL: ttl, Logger: log})
+	if err := a.Campaign(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	key := a.current().key
+	for _, m := range ms {
+		if m != via {
+			m.Isolate()
+		}
+	}
+	waitClosed(t, a.Done(), "the leader's Done")
+	// A revoke try has failed: the key goes with one after it.
+	tap.wait(t, "coord: session lease not revoked, trying again", 1)
+	for _, m := range ms {
+		if m != via {
+			m.Heal()
+		}
+	}
+	healed := time.Now()
+	etWaitCount(t, c.NewClient(t), key, 0)
+	if took := time.Since(healed); took >= ttl {
+		t.Fatalf("the key went %v after the quorum came back, not before the lease's TTL (%v)", took, ttl)
+	} else {
+		t.Logf("the key went %v after the quorum came back (TTL %v)", took.Round(time.Millisecond), ttl)
+	}
+}

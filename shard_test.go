@@ -458,19 +458,39 @@ func shOwners(hosts []*shHost) map[string][]string {
 func shSettle(t *testing.T, l *shLedger, shards []string, live, all []*shHost) map[string]string {
 	t.Helper()
 	top := shTops(shards, shIDsOf(live))
-	l.until(t, "settled", func() bool {
-		owners, held := shOwners(all), l.held()
-		for _, s := range shards {
-			if !slices.Equal(owners[s], []string{top[s]}) {
-				return false
-			}
-			for _, h := range live {
-				if held[[2]string{h.id, s}] != (h.id == top[s]) {
-					return false
+	var wrong, bad []string // at the last look: what is wrong, of which shards
+	t.Cleanup(func() {
+		if t.Failed() && len(wrong) > 0 {
+			t.Logf("at the last look, %d shards not settled, the first: %v", len(wrong), wrong[:min(len(wrong), 8)])
+			for _, h := range all {
+				if h.set != nil {
+					h.set.mu.Lock()
+					t.Logf("%s: view at revision %d, listed %v, hosts synced %v, members %d, moves %d, handing %d, unsettled %d",
+						h.id, h.set.viewRev, h.set.candsListed, h.set.hostsSynced, len(h.set.members), h.set.moves, h.set.handing, len(h.set.unsettled))
+					for _, sh := range bad[:min(len(bad), 8)] {
+						w := h.set.workers[sh]
+						t.Logf("  %s: worker %v, running %v, candidates %v, ranked %v", sh, w != nil, w != nil && w.stopRun != nil, h.set.cands[sh], h.set.ranked[sh])
+					}
+					h.set.mu.Unlock()
 				}
 			}
 		}
-		return true
+	})
+	l.until(t, "settled", func() bool {
+		owners, held := shOwners(all), l.held()
+		wrong, bad = nil, nil
+		for _, s := range shards {
+			if !slices.Equal(owners[s], []string{top[s]}) {
+				wrong, bad = append(wrong, fmt.Sprintf("%s owned by %v, ranked first: %s", s, owners[s], top[s])), append(bad, s)
+				continue
+			}
+			for _, h := range live {
+				if held[[2]string{h.id, s}] != (h.id == top[s]) {
+					wrong, bad = append(wrong, fmt.Sprintf("%s: %s's signals say held %v", s, h.id, held[[2]string{h.id, s}])), append(bad, s)
+				}
+			}
+		}
+		return len(wrong) == 0
 	})
 	return top
 }

@@ -70,9 +70,10 @@
 //     replaced by the differences that bring the consumer up to date.
 //   - A connection that goes silent without closing (a half-open TCP link)
 //     is only noticed by the etcd client if it sets DialKeepAliveTime and
-//     DialKeepAliveTimeout; until then watches wait (and a HostWatcher's
-//     Healthy finds nothing wrong). Registrations and elections notice on
-//     their own (renewals go unanswered, and Healthy says so).
+//     DialKeepAliveTimeout; until then watches wait. Healthy says so: a
+//     HostWatcher's asks etcd where its watch stands while nothing comes,
+//     and registrations, elections, semaphores and shard sets see their
+//     renewals go unanswered.
 //   - A watcher sees states, not every write: a value that is not valid
 //     HostMetadata JSON counts as no host (it is logged and skipped).
 //   - Leadership is a lease, not a lock on the world: act on etcd under

@@ -105,9 +105,10 @@ func (h *HostLiveness) holding(k *keeper, err error) {
 // hosts and its watch runs. Before its first listing, and while it lists
 // again after its watch broke, it is healthy for WatcherOptions.
 // UnhealthyAfter, then returns an error saying for how long it has not
-// followed. (A watch cut off silently, by a partition, is only found
-// broken once the client's connection is.) It returns an error once the
-// watcher ended: "closed" after Close or the end of its ctx, else why.
+// followed. A watch that has not heard from etcd for UnhealthyAfter (cut
+// off silently: etcd stopped, a partition; see follow) is reported too.
+// It returns an error once the watcher ended: "closed" after Close or
+// the end of its ctx, else why.
 func (w *HostWatcher) Healthy() error {
 	what := fmt.Sprintf("host watcher of %q", w.prefix)
 	if err := w.health(time.Now()); err != nil {
@@ -134,7 +135,28 @@ func (w *HostWatcher) health(now time.Time) error {
 		}
 		return fmt.Errorf("watch broken for %v, listing again", blind.Round(time.Millisecond))
 	}
+	if silent := w.silentFor(now); silent > w.unhealthyAfter {
+		return fmt.Errorf("no word from etcd on the watch for %v", silent.Round(time.Millisecond))
+	}
 	return nil
+}
+
+// silentFor says for how long the watch has not heard from etcd at now
+// (0 while the watcher does not follow: its listing is judged instead).
+func (w *HostWatcher) silentFor(now time.Time) time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.following {
+		return 0
+	}
+	return now.Sub(w.heard)
+}
+
+// hears records that the watch heard from etcd.
+func (w *HostWatcher) hears() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.heard = time.Now()
 }
 
 // follows records whether the watcher follows etcd (it listed the hosts,
@@ -143,7 +165,7 @@ func (w *HostWatcher) follows(ok bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if ok {
-		w.listed = true
+		w.listed, w.heard = true, time.Now()
 	} else if w.following {
 		w.blind = time.Now()
 	}
@@ -198,6 +220,13 @@ func (e *Election) granted(s *session) {
 // and returns an error naming the first unhealthy one (by key) and how
 // many are; "closed" after Close.
 func (p *ElectionPool) Healthy() error {
+	if err := p.health(time.Now()); err != nil {
+		return opErr("election pool", err)
+	}
+	return nil
+}
+
+func (p *ElectionPool) health(now time.Time) error {
 	p.mu.Lock()
 	closed := p.closed
 	es := make([]*Election, 0, len(p.elections))
@@ -206,10 +235,9 @@ func (p *ElectionPool) Healthy() error {
 	}
 	p.mu.Unlock()
 	if closed {
-		return opErr("election pool", errHClosed)
+		return errHClosed
 	}
 	slices.SortFunc(es, func(a, b *Election) int { return strings.Compare(a.key, b.key) })
-	now := time.Now()
 	var first error
 	bad := 0
 	for _, e := range es {
@@ -221,7 +249,7 @@ func (p *ElectionPool) Healthy() error {
 		}
 	}
 	if first != nil {
-		return opErr("election pool", fmt.Errorf("%d of %d elections unhealthy, first %w", bad, len(es), first))
+		return fmt.Errorf("%d of %d elections unhealthy, first %w", bad, len(es), first)
 	}
 	return nil
 }
@@ -271,9 +299,11 @@ func (s *Semaphore) using() func() {
 // Healthy returns nil while the shard set follows the hosts (its host
 // watcher is healthy, see HostWatcher.Healthy) and the members and
 // candidates (its candidate watch runs, or has been listing again for at
-// most the TTL). It returns an error saying which is not followed and for
-// how long, "closed" after Close, and why the set ended once it ended by
-// itself (Err).
+// most the TTL), and while etcd answers the renewals of its sessions: the
+// one that holds our member key, and those of the shards we campaign for
+// or own (judged as ElectionPool.Healthy does). It returns an error saying
+// what is wrong and for how long, "closed" after Close, and why the set
+// ended once it ended by itself (Err).
 func (s *ShardSet) Healthy() error {
 	if err := s.health(time.Now()); err != nil {
 		return opErr(fmt.Sprintf("shard set of %q", s.opts.Self), err)
@@ -292,8 +322,20 @@ func (s *ShardSet) health(now time.Time) error {
 		return fmt.Errorf("hosts not followed: %w", err)
 	}
 	s.mu.Lock()
-	lost := s.candsLost
+	lost, member, announcing := s.candsLost, s.member, s.announcing
 	s.mu.Unlock()
+	sessions := []struct {
+		what string
+		err  error
+	}{
+		{"member key", judgeSession(member, announcing, s.opts.TTL, now)},
+		{"shards", s.pool.health(now)},
+	}
+	for _, c := range sessions {
+		if c.err != nil {
+			return fmt.Errorf("%s: %w", c.what, c.err)
+		}
+	}
 	if !lost.IsZero() && now.Sub(lost) > s.opts.TTL {
 		return fmt.Errorf("candidate watch broken for %v, listing again", now.Sub(lost).Round(time.Millisecond))
 	}

@@ -260,6 +260,33 @@ func TestHealthHostWatcher(t *testing.T) {
 		g.open()
 		htHealthy(t, w)
 	})
+	t.Run("is unhealthy once its watch hears nothing from etcd, and heals", func(t *testing.T) {
+		// A quiet watch stays healthy past the bound: etcd is asked
+		// where it stands. Cut off silently, nothing answers.
+		srv, cli := newEtcd(t)
+		prefix := prefixFor(t)
+		px := srv.NewProxy(t)
+		bound := time.Second * scale
+		w, err := NewHostWatcher(testCtx(t), px.NewClient(t), WatcherOptions{Prefix: prefix, UnhealthyAfter: bound})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { w.Close() })
+		quiet(t, cli, w, prefix) // the watch runs
+		last := time.Now()
+		eventually(t, "word from etcd past the bound, with no event", func() bool {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			return w.heard.Sub(last) > bound
+		})
+		htStayHealthy(t, w)
+		px.Blackhole()
+		cut := time.Now()
+		err = htUnhealthy(t, w, "no word from etcd on the watch for")
+		t.Logf("%v after the cut: %v", time.Since(cut).Round(time.Millisecond), err)
+		px.Unblackhole()
+		htHealthy(t, w)
+	})
 	t.Run("is closed after Close, and says why it ended by itself", func(t *testing.T) {
 		srv, cli := newEtcd(t)
 		w := wtWatch(t, testCtx(t), cli, WatcherOptions{Prefix: prefixFor(t)})
@@ -467,6 +494,23 @@ func TestHealthShardSet(t *testing.T) {
 				htHealthy(t, h.set)
 			})
 		}
+	})
+	t.Run("is unhealthy once etcd stops answering its sessions' renewals, and heals", func(t *testing.T) {
+		// Cut off silently, its watches look live: the renewals of the
+		// sessions that hold its member key and its shards' keys tell.
+		_, l, shards, hs := shFleet(t, 4, 1)
+		h := hs[0].start(t, l, ShardOptions{Shards: shards, TTL: 2 * time.Second * scale})
+		eventually(t, "every shard owned", func() bool { return len(h.set.Owned()) == len(shards) })
+		htHealthy(t, h.set)
+		h.px.Blackhole()
+		cut := time.Now()
+		err := htUnhealthy(t, h.set, "member key: lease")
+		t.Logf("%v after the cut: %v", time.Since(cut).Round(time.Millisecond), err)
+		if !strings.Contains(err.Error(), "no renewal answered for") {
+			t.Fatalf("Healthy: %v, want it to say no renewal answered", err)
+		}
+		h.px.Unblackhole()
+		htHealthy(t, h.set)
 	})
 	t.Run("is closed after Close, and says why it ended by itself", func(t *testing.T) {
 		_, l, shards, hs := shFleet(t, 2, 1)

@@ -98,6 +98,10 @@ type ShardSet struct {
 	hostsSynced  bool
 	candsListed  bool
 	candsLost    time.Time // when the candidate watch broke, zero while it runs
+	// member is the session of our member key, the last one while we
+	// announce again on a new one, since announcing (zero while it lives).
+	member     *session
+	announcing time.Time
 	// viewRev is the etcd revision our view of the members and the
 	// candidates has reached; viewMoved is closed and replaced as it
 	// moves.
@@ -247,6 +251,7 @@ func (s *ShardSet) start(ctx context.Context) (err error) {
 	if err != nil {
 		return err
 	}
+	s.announced(sess)
 	s.wg.Add(3)
 	go s.keepAnnounced(sess)
 	go s.followHosts()

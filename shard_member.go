@@ -255,6 +255,19 @@ func (s *ShardSet) announce(ctx context.Context, sess *session) error {
 	return nil
 }
 
+// announced records that our member key stands on sess, or, with nil,
+// that we announce it again (see health).
+func (s *ShardSet) announced(sess *session) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case sess != nil:
+		s.member, s.announcing = sess, time.Time{}
+	default:
+		s.announcing = time.Now()
+	}
+}
+
 // keepAnnounced keeps our member key, on a session of its own, for as long
 // as the shard set lives: a session that ends is replaced, and the key put
 // again; so is a key deleted by someone else, or ours while draining
@@ -274,11 +287,13 @@ func (s *ShardSet) keepAnnounced(sess *session) {
 			sess.end(errAnnounceFailed)
 		}
 		s.log.Info("coord: shard set: member session ended, announcing again", "err", sess.Err())
+		s.announced(nil)
 		for s.ctx.Err() == nil {
 			next, err := startSession(s.ctx, s.ctx, s.cli, s.opts.TTL, s.log, &s.leases)
 			if err == nil {
 				if err = s.announce(s.ctx, next); err == nil {
 					sess = next
+					s.announced(sess)
 					break
 				}
 				next.end(errAnnounceFailed)

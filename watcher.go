@@ -91,9 +91,10 @@ type HostWatcher struct {
 	hosts map[string]*version
 	err   error
 	// For Healthy: whether the watcher follows etcd, whether it ever
-	// listed, and since when it has not followed.
+	// listed, since when it has not followed, and when its watch last
+	// heard from etcd.
 	following, listed bool
-	blind             time.Time
+	blind, heard      time.Time
 	unhealthyAfter    time.Duration
 }
 
@@ -269,10 +270,20 @@ func (w *HostWatcher) relist(ctx, cctx context.Context, o *outbox, r *retry) (in
 
 // follow watches from rev+1 and sends the queued events, until the watch
 // breaks (it returns true: list again) or the watcher ends (false).
+// While it watches, probe tells Healthy whether etcd still answers.
 func (w *HostWatcher) follow(ctx, cctx context.Context, o *outbox, rev int64, r *retry) bool {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
 	wch := w.cli.Watch(wctx, w.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
+	probed := make(chan struct{})
+	go func() {
+		defer close(probed)
+		w.probe(wctx)
+	}()
+	defer func() {
+		cancel()
+		<-probed
+	}()
 	for {
 		out, next := o.next(w.events)
 		// A watch ends with ctx, closed or not (see responses).
@@ -300,7 +311,35 @@ func (w *HostWatcher) follow(ctx, cctx context.Context, o *outbox, rev int64, r 
 			return true
 		}
 		*r = retry{}
+		w.hears()
 		w.update(o, wr)
+	}
+}
+
+// probe reads from etcd, until ctx ends, whenever the watch has heard
+// nothing for a third of UnhealthyAfter: a read etcd answers (with a
+// leader, as the watch requires) is word from it. A watch cut off
+// silently (etcd stopped, a link that drops everything) looks live, for
+// the client dials again without a word to it; Healthy reports a watch
+// that has not heard from etcd for UnhealthyAfter. (etcd's progress
+// notifications cannot tell: etcd sends none to a watch that starts past
+// its revision, as a watch resumed on a quiet prefix does, until the
+// next write.)
+func (w *HostWatcher) probe(ctx context.Context) {
+	every := w.unhealthyAfter / 3
+	for ctx.Err() == nil {
+		if wait := every - w.silentFor(time.Now()); wait > 0 {
+			sleep(ctx, wait)
+			continue
+		}
+		pctx, cancel := context.WithTimeout(ctx, every)
+		_, err := w.cli.Get(pctx, w.prefix)
+		cancel()
+		if err != nil {
+			sleep(ctx, every) // unanswered: ask again later
+			continue
+		}
+		w.hears()
 	}
 }
 

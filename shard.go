@@ -14,6 +14,7 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/metadata"
 )
 
 // ShardSet spreads work, split into named shards, over the members of a
@@ -720,7 +721,7 @@ func (s *ShardSet) followCandidates() {
 // watchCandidates applies the members' and candidates' changes from rev
 // on, until the watch breaks (its error) or the shard set ends (nil).
 func (s *ShardSet) watchCandidates(rev int64, r *retry) error {
-	ctx, cancel := context.WithCancel(clientv3.WithRequireLeader(s.ctx))
+	ctx, cancel := context.WithCancel(s.viewCtx(s.ctx))
 	defer cancel()
 	for wr := range responses(ctx, s.cli.Watch(ctx, s.opts.Prefix, clientv3.WithPrefix(), clientv3.WithRev(rev))) {
 		if err := wr.Err(); err != nil {
@@ -760,6 +761,17 @@ func (s *ShardSet) viewAtLocked(rev int64) {
 	}
 }
 
+// viewCtx returns ctx for the watch of the members and candidates and for
+// the progress asked of it: it requires a leader, and has a gRPC stream
+// of its own. etcd answers a progress request only once every watch of
+// the stream has caught up and none starts past its revision: on the
+// stream our candidacies share, a monitor just started from the revision
+// after its win would hold catchUp's request back until the next write,
+// while its own Run, the writer, waits for catchUp.
+func (s *ShardSet) viewCtx(ctx context.Context) context.Context {
+	return metadata.AppendToOutgoingContext(clientv3.WithRequireLeader(ctx), "coord-view", fmt.Sprintf("%p", s))
+}
+
 // catchUp waits, within ctx, until our view of the members and the
 // candidates has reached revision rev: a shard won at rev runs only on a
 // view that knows what etcd held then (our member key gone, say, while
@@ -783,7 +795,7 @@ func (s *ShardSet) catchUp(ctx context.Context, rev int64) {
 				s.log.Debug("coord: shard won, waiting for our view to catch up", "view", at, "won", rev)
 			}
 			// The watch's stream is the one of its ctx's metadata.
-			s.cli.RequestProgress(clientv3.WithRequireLeader(ctx))
+			s.cli.RequestProgress(s.viewCtx(ctx))
 			next = now.Add(r.next())
 		}
 		t := time.NewTimer(time.Until(next))

@@ -1100,11 +1100,122 @@ func TestShardSet(t *testing.T) {
 	t.Run("NewShardSet returns within its ctx when etcd cannot be reached, and fails when the hosts may not be read", testShardUnreachable)
 	t.Run("bad input is refused and nothing is written", testShardBadInput)
 	t.Run("a shard won while our view lags runs only once the view has caught up with the win, and not if our member key was gone then", testShardStaleView)
+	t.Run("a shard won at a revision past the last change under the prefix runs, though nothing is written after", testShardWonPastView)
 	t.Run("a member whose host is not live takes no slot: the live members own every shard", testShardMemberNotLive)
 	t.Run("a member joining takes shards over from a live owner only once no member joined for Settle", testShardSettleHoldsMoves)
 	t.Run("a set whose host watcher etcd refuses for good ends, saying why", testShardHostsRefused)
 	t.Run("a shard whose owner left is taken at once while members keep joining: Settle holds back planned moves only", testShardFailoverAmidJoins)
 	t.Run("a Host stopped before or while NewShardSet runs makes it fail with ErrHostGone, or the set end with it", testShardHostStopped)
+}
+
+// testShardWonPastView: a wins a shard at the revision of a read that
+// comes after a write outside the prefix, so its view, at the last change
+// under the prefix, is behind the win, and nothing is written after: the
+// view must learn from etcd that it has caught up (a progress
+// notification). On a stream shared with the shard's monitor, which
+// starts past etcd's revision, etcd would send none until the next write.
+func testShardWonPastView(t *testing.T) {
+	srv, other := newEtcd(t)
+	const shard = "s0"
+	prefix := ShardsPrefix + shard + "/"
+	// Another candidate, first in line, on a lease of its own.
+	g, err := other.Grant(testCtx(t), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ahead := prefix + hexID(g.ID)
+	if _, err := other.Put(testCtx(t), ahead, "host-z", clientv3.WithLease(g.ID)); err != nil {
+		t.Fatal(err)
+	}
+	// Once a's candidate put is answered (behind it), the candidate
+	// ahead goes and a key outside the prefix is written: a's read of
+	// the line, next, comes after both.
+	var once sync.Once
+	intercept := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if txn, ok := req.(*pb.TxnRequest); ok && err == nil && putsUnder(txn, prefix) {
+			once.Do(func() {
+				if _, err := other.Delete(testCtx(t), ahead); err != nil {
+					t.Error(err)
+				}
+				if _, err := other.Put(testCtx(t), "/elsewhere/x", "x"); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		return err
+	}
+	// The win's progress request, if sent before the shard's monitor is
+	// registered, is held until it is, as it is when the monitor goes
+	// first (its goroutine starts as the leadership is taken).
+	monitored := make(chan struct{})
+	var monitorOnce sync.Once
+	holdProgress := func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+		cs, err := streamer(ctx, desc, cc, method, opts...)
+		if err != nil {
+			return cs, err
+		}
+		return &progressHold{ClientStream: cs, prefix: prefix, monitored: monitored, once: &monitorOnce}, nil
+	}
+	cfg := srv.ClientConfig()
+	cfg.DialOptions = append(cfg.DialOptions, grpc.WithChainUnaryInterceptor(intercept), grpc.WithChainStreamInterceptor(holdProgress))
+	cli, err := clientv3.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	register(t, cli, "host-a", LivenessOptions{TTL: time.Second * scale})
+	l := newShLedger()
+	tap, log := newLogTap()
+	tap.dumpOnFailure(t)
+	a := shSet(t, cli, "host-a", l, ShardOptions{Shards: []string{shard}, Logger: log})
+	l.until(t, "a owning the shard", func() bool { return len(a.Owned()) == 1 })
+	if tap.count("coord: shard won, waiting for our view to catch up") == 0 {
+		t.Fatal("a's view was not behind its win: the test did not set up what it tests")
+	}
+}
+
+// progressHold is a watch stream whose progress requests wait, held,
+// until a watch of one key under prefix from a given revision (a
+// candidacy's monitor) has been asked for, on any stream; the request
+// held goes with the stream's next message.
+type progressHold struct {
+	grpc.ClientStream
+	prefix    string
+	monitored chan struct{}
+	once      *sync.Once
+	held      bool
+}
+
+func (h *progressHold) SendMsg(m any) error {
+	wr, ok := m.(*pb.WatchRequest)
+	if !ok {
+		return h.ClientStream.SendMsg(m)
+	}
+	if wr.GetProgressRequest() != nil && !isClosed(h.monitored) {
+		h.held = true
+		return nil
+	}
+	err := h.ClientStream.SendMsg(m)
+	if c := wr.GetCreateRequest(); c != nil && strings.HasPrefix(string(c.Key), h.prefix) && len(c.RangeEnd) == 0 && c.StartRevision > 0 {
+		h.once.Do(func() { close(h.monitored) })
+	}
+	if h.held && isClosed(h.monitored) && err == nil {
+		h.held = false
+		err = h.ClientStream.SendMsg(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_ProgressRequest{ProgressRequest: &pb.WatchProgressRequest{}}})
+	}
+	return err
+}
+
+// putsUnder reports whether a Txn puts a key under prefix when it
+// succeeds.
+func putsUnder(txn *pb.TxnRequest, prefix string) bool {
+	for _, op := range txn.Success {
+		if p := op.GetRequestPut(); p != nil && strings.HasPrefix(string(p.Key), prefix) {
+			return true
+		}
+	}
+	return false
 }
 
 // testShardStaleView: b's view of the members and candidates lags (as

@@ -326,7 +326,7 @@ func (w *HostWatcher) follow(ctx, cctx context.Context, o *outbox, rev int64, r 
 // its revision, as a watch resumed on a quiet prefix does, until the
 // next write.)
 func (w *HostWatcher) probe(ctx context.Context) {
-	every := w.unhealthyAfter / 3
+	every := max(w.unhealthyAfter/3, minBackoff) // a tiny bound must not spin
 	for ctx.Err() == nil {
 		if wait := every - w.silentFor(time.Now()); wait > 0 {
 			sleep(ctx, wait)

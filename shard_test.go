@@ -1133,7 +1133,7 @@ func testShardWonPastView(t *testing.T) {
 	var once sync.Once
 	intercept := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		err := invoker(ctx, method, req, reply, cc, opts...)
-		if txn, ok := req.(*pb.TxnRequest); ok && err == nil && putsUnder(txn, prefix) {
+		if txn, ok := req.(*pb.TxnRequest); ok && err == nil && puts(txn, prefix) {
 			once.Do(func() {
 				if _, err := other.Delete(testCtx(t), ahead); err != nil {
 					t.Error(err)
@@ -1205,17 +1205,6 @@ func (h *progressHold) SendMsg(m any) error {
 		err = h.ClientStream.SendMsg(&pb.WatchRequest{RequestUnion: &pb.WatchRequest_ProgressRequest{ProgressRequest: &pb.WatchProgressRequest{}}})
 	}
 	return err
-}
-
-// putsUnder reports whether a Txn puts a key under prefix when it
-// succeeds.
-func putsUnder(txn *pb.TxnRequest, prefix string) bool {
-	for _, op := range txn.Success {
-		if p := op.GetRequestPut(); p != nil && strings.HasPrefix(string(p.Key), prefix) {
-			return true
-		}
-	}
-	return false
 }
 
 // testShardStaleView: b's view of the members and candidates lags (as

@@ -449,6 +449,12 @@ func (s *ShardSet) reconcileLocked(shard string) {
 			w.log.Debug("coord: shard no longer wanted", "why", why)
 			w.endTerm(why)
 		}
+	case w.move && !s.takeoverLocked(shard):
+		// Our candidacy is in line behind a better-ranked member now (a
+		// drainer handed the shard to the standby ahead of us): a standby
+		// takes nothing over, and a slot it kept would keep the takeovers
+		// waiting for one from starting, for as long as it stands by.
+		s.endMoveLocked(w)
 	case w.stopRun != nil && s.outranked(shard, w.owned.Token, s.cands[shard]):
 		s.handOverLocked(w)
 	}

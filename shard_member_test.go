@@ -32,6 +32,7 @@ func TestShardMembers(t *testing.T) {
 	t.Run("Run is called only for shards we rank for: decisions on complete views", testShardCompleteViews)
 	t.Run("a member key put again and a better-ranked candidacy in one watch response hand the shard over", testShardMemberAndCandidateBatch)
 	t.Run("a drain hands over at most MaxMoves shards at once, though each has a standby in line", testShardDrainMaxMoves)
+	t.Run("a drain's new standby holds no move slot once in line behind a better-ranked member", testShardDrainStandbys)
 }
 
 // smOwners waits until every shard is owned by the set want names, and by
@@ -131,8 +132,10 @@ func testShardTakenOver(t *testing.T) {
 
 func testShardDrain(t *testing.T) {
 	srv, l, shards, hosts := shFleet(t, 24, 3)
+	tap, tlog := newLogTap()
+	tap.dumpOnFailure(t)
 	for _, h := range hosts {
-		h.start(t, l, ShardOptions{Shards: shards, Run: l.writer(h.cli, h.id)})
+		h.start(t, l, ShardOptions{Shards: shards, Run: l.writer(h.cli, h.id), Logger: tlog.With("host", h.id)})
 	}
 	shSettle(t, l, shards, hosts, hosts)
 	drainer := slices.MaxFunc(hosts, func(a, b *shHost) int { return len(a.set.Owned()) - len(b.set.Owned()) })
@@ -554,4 +557,33 @@ func testShardDrainMaxMoves(t *testing.T) {
 	if most > 2 || most == 0 {
 		t.Fatalf("%d Runs draining at once, want 1 or 2 (MaxMoves 2)", most)
 	}
+}
+
+// testShardDrainStandbys drains a member, a, from two shards that rank it
+// first, then c, then b. b joins each shard's line as its new standby,
+// behind a and c: it takes the shard over from a, which ranks after it
+// now, until a hands it to c. Then b takes over nothing: with MaxMoves 1,
+// a slot it held in line behind c would keep it from the other shard's
+// line for good.
+func testShardDrainStandbys(t *testing.T) {
+	_, l, _, hosts := shFleet(t, 0, 3)
+	a, b, c := hosts[0], hosts[1], hosts[2]
+	var shards []string
+	for _, s := range shNames(100) {
+		if slices.Equal(shRank(s, shIDs(3)), []string{a.id, c.id, b.id}) && len(shards) < 2 {
+			shards = append(shards, s)
+		}
+	}
+	opts := ShardOptions{Shards: shards, Replicas: 2, MaxMoves: 1}
+	shStartAll(t, l, hosts, opts)
+	shSettleCandidates(t, a.cli, shards, []*shHost{a, c}, 2)
+	if err := a.set.Drain(testCtx(t)); err != nil {
+		t.Fatalf("Drain: %v", err)
+	}
+	shSettleCandidates(t, a.cli, shards, []*shHost{b, c}, 2)
+	l.until(t, "b holding no move slot", func() bool {
+		b.set.mu.Lock()
+		defer b.set.mu.Unlock()
+		return b.set.moves == 0
+	})
 }

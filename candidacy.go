@@ -387,8 +387,11 @@ func waitDelete(ctx context.Context, deletes clientv3.WatchChan, key string, rea
 				return 0, true
 			}
 			news = true
-			if hdr == 0 && ahead[k] == ev.PrevKv.GetCreateRevision() {
-				// limit were ahead: one fewer now.
+			if hdr == 0 && ahead != nil && ahead[k] == ev.PrevKv.GetCreateRevision() {
+				// limit were ahead: one fewer now. (A key ahead has a
+				// create revision: a delete that comes without the
+				// previous version, compacted away before etcd sent the
+				// event, is news, not our turn.)
 				hdr = ev.Kv.ModRevision
 			}
 		}

@@ -696,6 +696,42 @@ func (s *holdStream) SendMsg(m any) error {
 	return s.ClientStream.SendMsg(m)
 }
 
+// recvHold holds, between hold and let, what a client reads of its watch
+// streams.
+type recvHold struct {
+	held    atomic.Bool
+	release chan struct{}
+	once    sync.Once
+}
+
+func (h *recvHold) hold() { h.held.Store(true) }
+
+// let lets what is held be read, and holds no more.
+func (h *recvHold) let() { h.once.Do(func() { close(h.release) }) }
+
+func (h *recvHold) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	s, err := streamer(ctx, desc, cc, method, opts...)
+	if err != nil || method != "/etcdserverpb.Watch/Watch" {
+		return s, err
+	}
+	return &recvHoldStream{ClientStream: s, h: h}, nil
+}
+
+type recvHoldStream struct {
+	grpc.ClientStream
+	h *recvHold
+}
+
+func (s *recvHoldStream) RecvMsg(m any) error {
+	if s.h.held.Load() {
+		select {
+		case <-s.h.release:
+		case <-s.Context().Done():
+		}
+	}
+	return s.ClientStream.RecvMsg(m)
+}
+
 // delayTxn delays the answer to a client's Txns that put under prefix,
 // while armed, by d: the put lands, its answer comes late.
 type delayTxn struct {
@@ -763,6 +799,90 @@ func TestCandidacyEdges(t *testing.T) {
 		waitClosed(t, w.done, "the waiter leading after the leader resigned")
 		if w.err != nil || !b.IsLeader() {
 			t.Fatalf("Campaign: %v, leading %v", w.err, b.IsLeader())
+		}
+	})
+
+	t.Run("a waiter with more than one ahead does not take a delete that comes without its previous version, compacted before etcd sent it, for its turn", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		const key = "/edge/prevkv"
+		// b's client reads its watch stream only when let: etcd's sending
+		// to it stalls (a fixed 64 KiB window: no dynamic window).
+		h := &recvHold{release: make(chan struct{})}
+		cfg := srv.ClientConfig()
+		cfg.DialOptions = append(cfg.DialOptions, grpc.WithChainStreamInterceptor(h.stream),
+			grpc.WithInitialWindowSize(1<<16), grpc.WithInitialConnWindowSize(1<<16))
+		bCli, err := clientv3.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer bCli.Close()
+		defer h.let() // before bCli closes
+		tap, log := newLogTap()
+		tap.dumpOnFailure(t)
+		var es []*Election
+		for _, c := range []*clientv3.Client{cli, srv.NewClient(t), bCli} {
+			e, err := NewElection(testCtx(t), c, ElectionOptions{Key: key, TTL: 5 * time.Second * scale, Logger: log})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			es = append(es, e)
+		}
+		a, w, b := es[0], es[1], es[2]
+		if err := a.Campaign(testCtx(t), "a"); err != nil {
+			t.Fatal(err)
+		}
+		ww := startWaiter(func() error { return w.Campaign(testCtx(t), "w") }, func() bool { return true })
+		tap.wait(t, "coord: campaign waits for its turn", 1)
+		bw := startWaiter(func() error { return b.Campaign(testCtx(t), "b") }, func() bool { return true })
+		tap.wait(t, "coord: campaign waits for its turn", 2) // behind a and w: more than one ahead
+		// On b's watch stream (the same metadata: a watch that requires a
+		// leader), a watch that sees a's delete with its previous version,
+		// and one of a prefix filled past what the stream's window takes.
+		wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(testCtx(t)))
+		defer cancel()
+		probe := bCli.Watch(wctx, key+"/", clientv3.WithPrefix(), clientv3.WithFilterPut(), clientv3.WithPrevKV())
+		fill := bCli.Watch(wctx, "/edge/fill/", clientv3.WithPrefix(), clientv3.WithCreatedNotify())
+		<-fill
+		h.hold()
+		for i := range 20 {
+			if _, err := cli.Put(testCtx(t), fmt.Sprintf("/edge/fill/%02d", i), strings.Repeat("x", 100<<10)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := a.Resign(testCtx(t)); err != nil {
+			t.Fatal(err)
+		}
+		srv.Compact(testCtx(t))
+		h.let()
+		waitClosed(t, ww.done, "w leading after a resigned")
+		if ww.err != nil || !w.IsLeader() {
+			t.Fatalf("w's Campaign: %v, leading %v", ww.err, w.IsLeader())
+		}
+		var ev *clientv3.Event
+		for ev == nil {
+			select {
+			case wr := <-probe:
+				if len(wr.Events) > 0 {
+					ev = wr.Events[0]
+				}
+			case <-time.After(patience()):
+				t.Fatal("no delete on the probe's watch")
+			}
+		}
+		if ev.PrevKv != nil {
+			t.Fatalf("a's delete came with its previous version (%v): the test did not set up what it tests", ev.PrevKv)
+		}
+		// b reads who is ahead again: it takes the delete for news only.
+		select {
+		case <-bw.done:
+			t.Fatalf("b's Campaign returned (%v) while w leads: two leaders, both Guards holding: %v", bw.err, bw.both)
+		case <-waitLog(tap, "coord: campaign waits for its turn", 3):
+		case <-time.After(patience()):
+			t.Fatal("b read who is ahead no more")
+		}
+		if b.IsLeader() {
+			t.Fatal("b leads beside w")
 		}
 	})
 

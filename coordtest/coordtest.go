@@ -160,6 +160,10 @@ type Server struct {
 	dir       string
 	clientURL url.URL
 	peerURL   url.URL
+	// token is the cluster token of the etcd started next ("": etcd's
+	// default); each Replace takes a new one.
+	token    string
+	replaced int
 
 	// lifeMu serialises starting and stopping and guards the fields below.
 	lifeMu sync.Mutex
@@ -325,14 +329,46 @@ func (s *Server) fatalIf(err error) {
 	}
 }
 
+// Replace stops the server and starts an empty etcd in its place, on the
+// same ports: a cluster rebuilt, whose revisions start over. It is a new
+// cluster, with a cluster token and so a cluster ID of its own, as etcd
+// asks of a cluster rebuilt. Clients stay open and reconnect to it by
+// themselves; their leases are gone. It fails the test as Restart does.
+func (s *Server) Replace() {
+	s.t.Helper()
+	s.fatalIf(s.restartWith(true, true))
+}
+
+// Reset is Replace on the same cluster token: the same cluster ID (etcd
+// derives it from the members' URLs and the token), its data gone and its
+// revisions started over, as a development etcd run again without its
+// data.
+func (s *Server) Reset() {
+	s.t.Helper()
+	s.fatalIf(s.restartWith(true, false))
+}
+
 // restart is Restart, returning its failure.
-func (s *Server) restart() error {
+func (s *Server) restart() error { return s.restartWith(false, false) }
+
+// restartWith restarts the server, on an empty data directory if empty,
+// as a new cluster if renamed.
+func (s *Server) restartWith(empty, renamed bool) error {
 	s.lifeMu.Lock()
 	defer s.lifeMu.Unlock()
 	if s.done {
 		return errors.New("Restart called after the server was closed")
 	}
 	s.stopLocked()
+	if empty {
+		if err := os.RemoveAll(s.dir); err != nil {
+			return fmt.Errorf("emptying etcd's data directory: %w", err)
+		}
+	}
+	if renamed {
+		s.replaced++
+		s.token = fmt.Sprintf("coordtest-replaced-%d", s.replaced)
+	}
 	deadline := time.Now().Add(rebindTimeout)
 	for {
 		err := s.startLocked()
@@ -408,7 +444,7 @@ func (s *Server) stopLocked() {
 }
 
 func (s *Server) spec() memberSpec {
-	return memberSpec{cfg: s.cfg, dir: s.dir, clientURL: s.clientURL, peerURL: s.peerURL}
+	return memberSpec{cfg: s.cfg, dir: s.dir, clientURL: s.clientURL, peerURL: s.peerURL, clusterToken: s.token}
 }
 
 // memberSpec describes an embedded etcd member: a Server, or a member of a
@@ -422,7 +458,8 @@ type memberSpec struct {
 	// advertisePeerURL is the peer URL announced to the cluster; the zero
 	// value means peerURL.
 	advertisePeerURL url.URL
-	// initialCluster and clusterToken bootstrap a multi-member cluster; an
+	// initialCluster and clusterToken bootstrap a multi-member cluster (a
+	// clusterToken alone: a Server replaced); an
 	// empty initialCluster means a single-member cluster of this member.
 	initialCluster string
 	clusterToken   string
@@ -447,9 +484,11 @@ func (sp memberSpec) embedConfig(rpcCtx context.Context) *embed.Config {
 	}
 	if sp.initialCluster != "" {
 		cfg.InitialCluster = sp.initialCluster
-		cfg.InitialClusterToken = sp.clusterToken
 	} else {
 		cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	}
+	if sp.clusterToken != "" {
+		cfg.InitialClusterToken = sp.clusterToken
 	}
 	cfg.ListenMetricsUrls = nil
 	if sp.cfg.LeaseCheckpoint {

@@ -255,6 +255,42 @@ func TestStopRestart(t *testing.T) {
 	mustPut(t, ctx, s.Client(), "k", "v2")
 }
 
+func TestReplaceAndReset(t *testing.T) {
+	ctx := testCtx(t)
+	s := NewServer(t)
+	c := s.NewClient(t)
+	for range 5 {
+		mustPut(t, ctx, c, "k", "v")
+	}
+	// Each time, the same client reaches the new etcd (it retries a read
+	// while it reconnects), which holds nothing and counts its revisions
+	// from the start again; Replace makes another cluster, Reset the same.
+	before, err := c.Get(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []struct {
+		name    string
+		do      func()
+		renamed bool
+	}{{"Replace", s.Replace, true}, {"Reset", s.Reset, false}} {
+		mustPut(t, ctx, c, "k", "v")
+		rev := s.Revision(ctx)
+		step.do()
+		resp, err := c.Get(ctx, "k")
+		if err != nil {
+			t.Fatalf("Get after %s: %v", step.name, err)
+		}
+		if len(resp.Kvs) != 0 || resp.Header.Revision >= rev {
+			t.Fatalf("after %s: %d keys at revision %d, want none, below revision %d", step.name, len(resp.Kvs), resp.Header.Revision, rev)
+		}
+		if renamed := resp.Header.ClusterId != before.Header.ClusterId; renamed != step.renamed {
+			t.Fatalf("after %s: cluster %x, before %x", step.name, resp.Header.ClusterId, before.Header.ClusterId)
+		}
+		before = resp
+	}
+}
+
 func TestRestartWaitsForBusyPort(t *testing.T) {
 	ctx := testCtx(t)
 	s := NewServer(t)

@@ -127,8 +127,11 @@ func (w *HostWatcher) health(now time.Time) error {
 	default:
 	}
 	w.mu.Lock()
-	following, since, listed := w.following, w.blind, w.listed
+	following, since, listed, replaced := w.following, w.blind, w.listed, w.replaced
 	w.mu.Unlock()
+	if replaced != nil {
+		return fmt.Errorf("%w; listing the hosts again", replaced)
+	}
 	if blind := now.Sub(since); !following && blind > w.unhealthyAfter {
 		if !listed {
 			return fmt.Errorf("not synced for %v", blind.Round(time.Millisecond))
@@ -165,7 +168,7 @@ func (w *HostWatcher) follows(ok bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if ok {
-		w.listed, w.heard = true, time.Now()
+		w.listed, w.heard, w.replaced = true, time.Now(), nil
 	} else if w.following {
 		w.blind = time.Now()
 	}
@@ -320,6 +323,9 @@ func (s *ShardSet) health(now time.Time) error {
 	}
 	if err := s.w.health(now); err != nil {
 		return fmt.Errorf("hosts not followed: %w", err)
+	}
+	if replaced := s.replaced.get(); replaced != nil {
+		return fmt.Errorf("%w; listing the members and candidates again", replaced)
 	}
 	s.mu.Lock()
 	lost, member, announcing := s.candsLost, s.member, s.announcing

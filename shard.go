@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/metadata"
@@ -108,6 +109,11 @@ type ShardSet struct {
 	// moves.
 	viewRev   int64
 	viewMoved chan struct{}
+	// replaced holds the word that etcd was replaced (the host
+	// watcher's, or heard's), until our view is listed again; viewMark
+	// follows the etcd of our view, from its answers and ours.
+	replaced *replacedNote
+	viewMark etcdMark
 }
 
 // candidate is a candidacy in a shard's election.
@@ -172,13 +178,22 @@ func NewShardSet(ctx context.Context, cli *clientv3.Client, opts ShardOptions) (
 	if err != nil {
 		return nil, err
 	}
+	// The watcher tells when etcd was replaced: the members and
+	// candidates are listed again too.
+	replaced := newReplacedNote()
 	w, err := NewHostWatcher(context.Background(), cli, WatcherOptions{Prefix: opts.HostPrefix,
-		UnhealthyAfter: opts.TTL, Logger: opts.Logger, OnSignal: opts.OnSignal})
+		UnhealthyAfter: opts.TTL, Logger: opts.Logger, OnSignal: func(sig Signal) {
+			if sig.Kind == SignalEtcdReplaced {
+				replaced.set(sig.Err)
+			}
+			emit(opts.OnSignal, sig)
+		}})
 	if err != nil {
 		pool.Close()
 		return nil, err
 	}
 	s := newShardSet(cli, opts, pool, w)
+	s.replaced = replaced
 	if err = s.start(ctx); err == nil {
 		s.follow()
 		return s, nil
@@ -705,6 +720,11 @@ func (s *ShardSet) followCandidates() {
 				for _, kv := range resp.Kvs {
 					s.noteLocked(kv, false)
 				}
+				if err := s.viewMark.see(resp.Header, true); err != nil {
+					s.log.Error("coord: shard set: etcd was replaced or restored, listing the members and candidates again", "err", err)
+					emit(s.opts.OnSignal, Signal{Kind: SignalEtcdReplaced, Key: s.opts.Prefix, Host: s.opts.Self, Err: err})
+				}
+				s.replaced.clear()
 				// Our member key may have gone while we were not
 				// watching: it is put again, whether or not it did.
 				s.askReannounceLocked()
@@ -720,20 +740,33 @@ func (s *ShardSet) followCandidates() {
 		}
 		s.candidatesLost()
 		s.log.Info("coord: shard set: candidate watch broke, listing again", "err", err)
-		sleep(s.ctx, r.next())
+		if !errors.Is(err, errEtcdReplaced) {
+			sleep(s.ctx, r.next())
+		}
 	}
 }
 
 // watchCandidates applies the members' and candidates' changes from rev
 // on, until the watch breaks (its error) or the shard set ends (nil).
 func (s *ShardSet) watchCandidates(rev int64, r *retry) error {
-	ctx, cancel := context.WithCancel(s.viewCtx(s.ctx))
-	defer cancel()
+	ctx, cancel := context.WithCancelCause(s.viewCtx(s.ctx))
+	defer cancel(nil)
+	go func() {
+		select {
+		case <-s.replaced.wake:
+			s.mu.Lock()
+			s.forgetViewLocked()
+			s.mu.Unlock()
+			cancel(s.replaced.get())
+		case <-ctx.Done():
+		}
+	}()
 	for wr := range responses(ctx, s.cli.Watch(ctx, s.opts.Prefix, clientv3.WithPrefix(), clientv3.WithRev(rev))) {
 		if err := wr.Err(); err != nil {
 			return err
 		}
 		*r = retry{}
+		s.heard(wr.Header, false)
 		s.mu.Lock()
 		s.viewAtLocked(wr.Header.Revision)
 		// The members first, then each shard whose candidates changed:
@@ -755,7 +788,32 @@ func (s *ShardSet) watchCandidates(rev int64, r *retry) error {
 		}
 		s.mu.Unlock()
 	}
+	if err := context.Cause(ctx); errors.Is(err, errEtcdReplaced) {
+		return err
+	}
 	return nil
+}
+
+// heard takes in what h, an answer of etcd, says of it (linear: see
+// etcdMark.see): an etcd that replaced the one of our view has our view
+// forgotten, and listed again (see watchCandidates).
+func (s *ShardSet) heard(h *etcdserverpb.ResponseHeader, linear bool) {
+	if err := s.viewMark.replacedBy(h, linear); err != nil {
+		s.replaced.set(err)
+	}
+}
+
+// forgetViewLocked forgets the candidates of our view, which are of an
+// etcd that was replaced: its revisions say nothing of the new one's.
+// Nothing is decided until the view is listed again, and a shard won
+// meanwhile runs only once it has (see catchUp). The members stay: they
+// announce themselves again on the new etcd, and our shards are not let go
+// for want of them.
+func (s *ShardSet) forgetViewLocked() {
+	for shard := range s.cands {
+		s.cands[shard] = map[string]candidate{}
+	}
+	s.candsListed, s.viewRev = false, 0
 }
 
 // viewAtLocked records that our view has reached revision rev.
@@ -974,24 +1032,35 @@ func (s *ShardSet) acquire(w *shardWorker, e *Election, term context.Context) (c
 	// read is serializable: it only spares a Run that would be handed over
 	// at once, nothing is guarded by it, and a linearizable read waits in
 	// line behind etcd's writes (at a fleet's cold start, 1.5 s at the
-	// median, a quarter of row 10's time). A member that lags by a few
-	// milliseconds delays a handoff to our watch, or costs a campaign.
+	// median). A member that lags by a few milliseconds delays a handoff
+	// to our watch, or costs a campaign.
 	s.catchUp(term, e.wonAt())
 	ctx, cancel := context.WithTimeout(term, s.opts.TTL/3)
 	defer cancel()
-	fresh := map[string]candidate{}
-	if resp, err := s.cli.Get(ctx, w.key+"/", clientv3.WithPrefix(), clientv3.WithSerializable()); err == nil {
-		for _, kv := range resp.Kvs {
-			fresh[string(kv.Key)] = candidate{host: string(kv.Value), rev: kv.CreateRevision}
-		}
+	token := e.Token()
+	fresh, at := s.line(ctx, w.key, false)
+	s.mu.Lock()
+	unsure := s.unconfirmedLocked(w.name, token, fresh, at)
+	s.mu.Unlock()
+	if unsure {
+		// Our view has a better-ranked candidate behind us in line that
+		// etcd's list, read where it may lag, does not show yet: ask etcd
+		// for certain. An etcd that has not reached the candidate's
+		// revision replaced the one of our view (see heard): a view of
+		// the old etcd would have us hand over to nobody, win again at
+		// once, and again, until our token passed its revisions.
+		fresh, _ = s.line(ctx, w.key, true)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.endMoveLocked(w) // moved, or handed on at once: either way, not in flight
 	done := e.Done()
-	sh := Shard{Name: w.name, Token: e.Token(), Guard: e.Guard()}
-	if sh.Token == 0 || term.Err() != nil ||
-		s.outranked(w.name, sh.Token, s.cands[w.name]) || s.outranked(w.name, sh.Token, fresh) {
+	sh := Shard{Name: w.name, Token: token, Guard: e.Guard()}
+	view := s.cands[w.name]
+	if s.replaced.get() != nil {
+		view = nil // of an etcd replaced since, listed again soon
+	}
+	if sh.Token == 0 || term.Err() != nil || s.outranked(w.name, sh.Token, view) || s.outranked(w.name, sh.Token, fresh) {
 		w.log.Info("coord: shard won, handed over at once", "token", sh.Token)
 		return nil, nil, sh, nil
 	}
@@ -999,6 +1068,39 @@ func (s *ShardSet) acquire(w *shardWorker, e *Election, term context.Context) (c
 	w.stopRun, w.e, w.owned = stop, e, sh
 	s.runs.Add(1) // term lives: Close has not started waiting for the Runs
 	return run, stop, sh, done
+}
+
+// line reads the candidates of the shard whose election is key from etcd,
+// linearizably or not, and the revision read at: none and 0 if etcd does
+// not answer within ctx.
+func (s *ShardSet) line(ctx context.Context, key string, linear bool) (map[string]candidate, int64) {
+	opts := []clientv3.OpOption{clientv3.WithPrefix()}
+	if !linear {
+		opts = append(opts, clientv3.WithSerializable())
+	}
+	cands := map[string]candidate{}
+	resp, err := s.cli.Get(ctx, key+"/", opts...)
+	if err != nil {
+		return cands, 0
+	}
+	s.heard(resp.Header, linear)
+	for _, kv := range resp.Kvs {
+		cands[string(kv.Key)] = candidate{host: string(kv.Value), rev: kv.CreateRevision}
+	}
+	return cands, resp.Header.Revision
+}
+
+// unconfirmedLocked reports whether our view has a candidate of shard
+// that would have us hand over our leadership with token, and that fresh,
+// etcd's list read at revision at, does not show: it was read before the
+// candidate's revision.
+func (s *ShardSet) unconfirmedLocked(shard string, token int64, fresh map[string]candidate, at int64) bool {
+	for key, c := range s.cands[shard] {
+		if _, ok := fresh[key]; !ok && c.rev > at && s.outranked(shard, token, map[string]candidate{key: c}) {
+			return true
+		}
+	}
+	return false
 }
 
 // Owned returns the shards we own now, sorted by name: those whose Run

@@ -249,9 +249,11 @@ func (s *ShardSet) announce(ctx context.Context, sess *session) error {
 	defer cancel()
 	ctx, cancelT := context.WithTimeout(ctx, sess.ttl)
 	defer cancelT()
-	if _, err := s.cli.Put(ctx, memberKey(s.opts.Prefix, s.opts.Self), string(val), clientv3.WithLease(sess.id)); err != nil {
+	resp, err := s.cli.Put(ctx, memberKey(s.opts.Prefix, s.opts.Self), string(val), clientv3.WithLease(sess.id))
+	if err != nil {
 		return fmt.Errorf("announce member: %w", err)
 	}
+	s.heard(resp.Header, true)
 	return nil
 }
 

@@ -1094,6 +1094,8 @@ func TestShardSet(t *testing.T) {
 	t.Run("a lost leadership ends Run, and the shard is campaigned for again", testShardLeadershipLost)
 	t.Run("a broken candidate watch is listed again", testShardBrokenWatch)
 	t.Run("the shard sets carry on across an etcd restart", testShardRestart)
+	t.Run("an etcd replaced by another cluster, empty: the sets say so, list again, and own every shard again without churn", testShardReplaced)
+	t.Run("a standby that wins on an etcd reset, its view still of the old one, finds it replaced and runs the shard", testShardReplacedUnderStandby)
 	t.Run("Close ends every Run, waits for them, hands over, and is idempotent", testShardClose)
 	t.Run("Close waits for a Run that works on past its ctx's end", testShardCloseWaitsForRun)
 	t.Run("Owner reports the owner as etcd holds it; keys that are no candidates are skipped", testShardOwner)
@@ -1735,6 +1737,208 @@ func testShardRestart(t *testing.T) {
 	srv.Restart()
 	hosts = append(hosts, shRegister(t, srv, "host-02")[0].start(t, l, ShardOptions{Shards: shards}))
 	shSettle(t, l, shards, hosts, hosts)
+}
+
+// testShardReplaced replaces etcd under two members by another cluster,
+// empty: the sets say so, unhealthy until they listed again, and own every
+// shard again without churn.
+func testShardReplaced(t *testing.T) {
+	srv, l, shards, hosts := shFleet(t, 8, 2)
+	tap, tlog := newLogTap()
+	tap.dumpOnFailure(t)
+	var (
+		mu sync.Mutex
+		// what each set's Healthy said when it (Key ShardsPrefix), or its
+		// host watcher (Key HostsPrefix), said etcd was replaced
+		health = map[[2]string]error{}
+	)
+	for _, h := range hosts {
+		var set atomic.Pointer[ShardSet]
+		h.set = shSet(t, h.cli, h.id, l, ShardOptions{Shards: shards, Logger: tlog.With("host", h.id), OnSignal: func(sig Signal) {
+			l.hook(sig)
+			if sig.Kind == SignalEtcdReplaced {
+				mu.Lock()
+				defer mu.Unlock()
+				health[[2]string{h.id, sig.Key}] = set.Load().Healthy()
+			}
+		}})
+		set.Store(h.set)
+	}
+	shSettle(t, l, shards, hosts, hosts)
+	// The old etcd's revisions far ahead of where the new one gets in
+	// the test: the views' watches, resumed on it, would wait for good.
+	for range 300 {
+		wtPut(t, srv.Client(), "/elsewhere/", meta("x"), 0)
+	}
+	mark := l.mark()
+	srv.Replace()
+	start := time.Now()
+	l.until(t, "every shard acquired again", func() bool {
+		again := map[string]bool{}
+		for _, ev := range l.since(mark, SignalShardAcquired) {
+			again[ev.Shard] = true
+		}
+		return len(again) == len(shards)
+	})
+	shSettle(t, l, shards, hosts, hosts)
+	t.Logf("every shard owned again %v after etcd was replaced", time.Since(start).Round(time.Millisecond))
+	// Replicas 2: each shard's owner and standby. Each member puts its
+	// candidacy at most twice: once when it finds its session gone, and
+	// once more if it withdrew while not live yet on the new etcd (its
+	// registration heals at its own pace) or handed over to the other.
+	// A view of the old etcd's candidates would hand over and win again
+	// and again.
+	puts := shCandidacies(t, srv.Client())
+	t.Logf("candidacies put on the new etcd, by shard: %v", puts)
+	for _, sh := range shards {
+		if puts[sh] > 2*len(hosts) {
+			t.Fatalf("%d candidacies put for %s on the new etcd, want at most %d", puts[sh], sh, 2*len(hosts))
+		}
+	}
+	told := func(host, key string) (error, bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		err, ok := health[[2]string{host, key}]
+		return err, ok
+	}
+	for _, h := range hosts {
+		for _, key := range []string{HostsPrefix, ShardsPrefix} {
+			eventually(t, fmt.Sprintf("%s told by %s that etcd was replaced", h.id, key), func() bool {
+				_, ok := told(h.id, key)
+				return ok
+			})
+			if err, _ := told(h.id, key); err == nil || !strings.Contains(err.Error(), "etcd replaced") {
+				t.Fatalf("%s: Healthy when %s said etcd was replaced: %v, want an error saying so", h.id, key, err)
+			}
+		}
+		eventually(t, h.id+" healthy again", func() bool { return h.set.Healthy() == nil })
+	}
+}
+
+// testShardReplacedUnderStandby resets etcd under a standby, b, whose
+// view holds the old etcd's candidacy of the owner, a, at a revision the
+// new etcd does not reach in the test. a is cut off; b's reads of the
+// hosts and the puts of its member key are held: neither its host watcher
+// nor its member key tells b. b's campaign wins, on the empty new etcd,
+// and its view says that a, better ranked, is in line behind it: a view
+// believed would have b hand over to nobody and win again, again and
+// again, until its token passed a's old revision.
+func testShardReplacedUnderStandby(t *testing.T) {
+	srv, _ := newEtcd(t)
+	l := newShLedger()
+	shard := shRankedAs("host-a", "host-b")
+	for range 300 {
+		wtPut(t, srv.Client(), "/elsewhere/", meta("x"), 0)
+	}
+	a := shRegister(t, srv, "host-a")[0]
+	memberB := memberKey(ShardsPrefix, "host-b")
+	hold := newReqHold(func(req any) bool {
+		switch r := req.(type) {
+		case *pb.RangeRequest:
+			return strings.HasPrefix(string(r.Key), HostsPrefix)
+		case *pb.PutRequest:
+			return string(r.Key) == memberB
+		}
+		return false
+	})
+	defer hold.release() // before the cleanups: b's set and client close
+	b := &shHost{id: "host-b", cli: hold.client(t, srv.ClientConfig())}
+	b.live = register(t, b.cli, b.id, LivenessOptions{TTL: time.Second * scale})
+	tap, tlog := newLogTap()
+	tap.dumpOnFailure(t)
+	var told atomic.Pointer[Signal]
+	a.start(t, l, ShardOptions{Shards: []string{shard}})
+	b.start(t, l, ShardOptions{Shards: []string{shard}, Logger: tlog, OnSignal: func(sig Signal) {
+		l.hook(sig)
+		if sig.Kind == SignalEtcdReplaced {
+			told.CompareAndSwap(nil, &sig)
+		}
+	}})
+	shSettle(t, l, []string{shard}, []*shHost{a, b}, []*shHost{a, b})
+	shSettleCandidates(t, srv.Client(), []string{shard}, []*shHost{a, b}, 2)
+	hold.start()
+	a.px.Blackhole()
+	mark := l.mark()
+	srv.Reset()
+	ev := l.waitEvent(t, mark, SignalShardAcquired, b.id, shard)
+	if puts := shCandidacies(t, srv.Client()); puts[shard] != 1 {
+		t.Fatalf("%d candidacies put for %s on the new etcd, want b's alone", puts[shard], shard)
+	}
+	t.Logf("b acquired %s on the new etcd with token %d", shard, ev.Token)
+	eventually(t, "b saying etcd was replaced", func() bool { return told.Load() != nil })
+	if sig := told.Load(); sig.Key != ShardsPrefix || sig.Host != b.id || !errors.Is(sig.Err, errEtcdReplaced) {
+		t.Fatalf("signal %+v, want one of b's set saying etcd was replaced", sig)
+	}
+}
+
+// reqHold holds, once started and until released, the unary requests of
+// its clients that match.
+type reqHold struct {
+	match    func(req any) bool
+	on       atomic.Bool
+	released chan struct{}
+}
+
+func newReqHold(match func(req any) bool) *reqHold {
+	return &reqHold{match: match, released: make(chan struct{})}
+}
+
+// start starts holding.
+func (h *reqHold) start() { h.on.Store(true) }
+
+// release lets every request held go, and holds no more.
+func (h *reqHold) release() { close(h.released) }
+
+// client returns a client of cfg whose requests h holds.
+func (h *reqHold) client(t *testing.T, cfg clientv3.Config) *clientv3.Client {
+	t.Helper()
+	cfg.DialOptions = append(slices.Clone(cfg.DialOptions),
+		grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any,
+			cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+			if h.on.Load() && h.match(req) {
+				select {
+				case <-h.released:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			return invoker(ctx, method, req, reply, cc, opts...)
+		}))
+	c, err := clientv3.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// shCandidacies returns, by shard, the candidate keys created under
+// ShardsPrefix in etcd's whole history.
+func shCandidacies(t *testing.T, cli *clientv3.Client) map[string]int {
+	t.Helper()
+	ctx, cancel := context.WithCancel(testCtx(t))
+	defer cancel()
+	end, err := cli.Put(ctx, ShardsPrefix+"~end", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int{}
+	for wr := range cli.Watch(ctx, ShardsPrefix, clientv3.WithPrefix(), clientv3.WithRev(1)) {
+		if wr.Err() != nil {
+			t.Fatalf("candidacies: %v", wr.Err())
+		}
+		for _, ev := range wr.Events {
+			if ev.Kv.ModRevision == end.Header.Revision {
+				return out
+			}
+			shard, _, ok := strings.Cut(strings.TrimPrefix(string(ev.Kv.Key), ShardsPrefix), "/")
+			if ok && shard != ShardMemberSegment && ev.IsCreate() {
+				out[shard]++
+			}
+		}
+	}
+	t.Fatal("history cut short")
+	return nil
 }
 
 func testShardClose(t *testing.T) {

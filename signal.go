@@ -57,11 +57,16 @@ const (
 	// Err is why, as Permit.Err says it: ErrReleased, ErrClosed,
 	// ErrClientClosed, or ErrPermitLost wrapping the cause.
 	SignalPermitReleased
+	// SignalEtcdReplaced: the etcd behind Key (a watcher's prefix, a
+	// shard set's) was found replaced or restored, from its answers: another
+	// cluster ID, or a revision below one seen. Err says the old and new
+	// cluster ID and revision. Everything under Key is listed again.
+	SignalEtcdReplaced
 )
 
 var signalNames = [...]string{"registered", "heal-attempt", "registration-ended",
 	"leadership-gained", "leadership-lost", "watcher-resync", "event-delivered",
-	"shard-acquired", "shard-released", "watcher-listing-compacted", "permit-acquired", "permit-released"}
+	"shard-acquired", "shard-released", "watcher-listing-compacted", "permit-acquired", "permit-released", "etcd-replaced"}
 
 // String returns the signal kind's name, e.g. "leadership-lost".
 func (k SignalKind) String() string {

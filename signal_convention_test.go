@@ -27,7 +27,7 @@ var (
 		SignalShardReleased, SignalPermitAcquired, SignalPermitReleased}
 	sigShardKinds = []SignalKind{SignalShardAcquired, SignalShardReleased}
 	sigEndKinds   = []SignalKind{SignalHealAttempt, SignalRegistrationEnded, SignalLeadershipLost,
-		SignalShardReleased, SignalPermitReleased}
+		SignalShardReleased, SignalPermitReleased, SignalEtcdReplaced}
 )
 
 func TestSignalConvention(t *testing.T) {
@@ -39,6 +39,7 @@ func TestSignalConvention(t *testing.T) {
 		{SignalEventDelivered, sigEventDelivered}, {SignalShardAcquired, sigShardAcquired},
 		{SignalShardReleased, sigShardReleased}, {SignalWatcherListingCompacted, sigListingCompacted},
 		{SignalPermitAcquired, sigPermitAcquired}, {SignalPermitReleased, sigPermitReleased},
+		{SignalEtcdReplaced, sigEtcdReplaced},
 	} {
 		cases[c.kind] = c
 	}
@@ -247,6 +248,16 @@ func sigListingCompacted(t *testing.T, s *signals) (Signal, Signal) {
 	untilSynced(t, w)
 	stop()
 	return s.waitFor(t, SignalWatcherListingCompacted, 1), Signal{Kind: SignalWatcherListingCompacted, Key: prefix, Count: compactedListings}
+}
+
+// sigEtcdReplaced replaces etcd by another cluster under a watcher.
+func sigEtcdReplaced(t *testing.T, s *signals) (Signal, Signal) {
+	srv, cli := newEtcd(t)
+	prefix := prefixFor(t)
+	w := wtWatch(t, testCtx(t), cli, WatcherOptions{Prefix: prefix, UnhealthyAfter: time.Second, OnSignal: s.hook})
+	untilSynced(t, w)
+	srv.Replace()
+	return s.waitFor(t, SignalEtcdReplaced, 1), Signal{Kind: SignalEtcdReplaced, Key: prefix, Err: errEtcdReplaced}
 }
 
 func sigPermitAcquired(t *testing.T, s *signals) (Signal, Signal) {

@@ -94,12 +94,12 @@ func TestSignals(t *testing.T) {
 	})
 	t.Run("kinds have names", func(t *testing.T) {
 		var names []string
-		for k := SignalRegistered; k <= SignalPermitReleased+1; k++ {
+		for k := SignalRegistered; k <= SignalEtcdReplaced+1; k++ {
 			names = append(names, k.String())
 		}
 		want := []string{"registered", "heal-attempt", "registration-ended", "leadership-gained",
 			"leadership-lost", "watcher-resync", "event-delivered", "shard-acquired", "shard-released",
-			"watcher-listing-compacted", "permit-acquired", "permit-released", "SignalKind(12)"}
+			"watcher-listing-compacted", "permit-acquired", "permit-released", "etcd-replaced", "SignalKind(13)"}
 		if !slices.Equal(names, want) || SignalKind(-1).String() != "SignalKind(-1)" {
 			t.Fatalf("names %v", names)
 		}

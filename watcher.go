@@ -96,6 +96,15 @@ type HostWatcher struct {
 	following, listed bool
 	blind, heard      time.Time
 	unhealthyAfter    time.Duration
+	// replaced says that etcd was found replaced and the watcher lists
+	// again; nil once it has.
+	replaced error
+
+	// mark follows the etcd we talk to; renew says that the view is of an
+	// etcd replaced since: a listing reuses none of it. Only run's
+	// goroutine uses renew.
+	mark  etcdMark
+	renew bool
 }
 
 // version is one version of a host's key, decoded once. It never changes:
@@ -237,6 +246,7 @@ func (w *HostWatcher) relist(ctx, cctx context.Context, o *outbox, r *retry) (in
 		case err == nil:
 			queued := len(o.queue)
 			o.queue = w.resync(o.queue, s)
+			w.renew = false
 			if o.unsynced < 0 {
 				// The first listing: its events are the snapshot that
 				// Synced waits for.
@@ -269,16 +279,18 @@ func (w *HostWatcher) relist(ctx, cctx context.Context, o *outbox, r *retry) (in
 }
 
 // follow watches from rev+1 and sends the queued events, until the watch
-// breaks (it returns true: list again) or the watcher ends (false).
-// While it watches, probe tells Healthy whether etcd still answers.
+// breaks or etcd is found replaced (it returns true: list again; the
+// listing reports the replacement) or the watcher ends (false). While it
+// watches, probe tells Healthy whether etcd still answers.
 func (w *HostWatcher) follow(ctx, cctx context.Context, o *outbox, rev int64, r *retry) bool {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
 	wch := w.cli.Watch(wctx, w.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1))
 	probed := make(chan struct{})
+	replaced := make(chan struct{}, 1) // etcd found replaced by the probe
 	go func() {
 		defer close(probed)
-		w.probe(wctx)
+		w.probe(wctx, replaced)
 	}()
 	defer func() {
 		cancel()
@@ -295,7 +307,12 @@ func (w *HostWatcher) follow(ctx, cctx context.Context, o *outbox, rev int64, r 
 			o.sent()
 			continue
 		case wr, ok = <-wch:
+		case <-replaced:
+			return true // the listing tells
 		case <-ctx.Done():
+		}
+		if ok && wr.Err() == nil && w.mark.replacedBy(wr.Header, false) != nil {
+			return true // the listing tells
 		}
 		if !ok || wr.Err() != nil {
 			cancel()
@@ -324,8 +341,9 @@ func (w *HostWatcher) follow(ctx, cctx context.Context, o *outbox, rev int64, r 
 // that has not heard from etcd for UnhealthyAfter. (etcd's progress
 // notifications cannot tell: etcd sends none to a watch that starts past
 // its revision, as a watch resumed on a quiet prefix does, until the
-// next write.)
-func (w *HostWatcher) probe(ctx context.Context) {
+// next write.) Its answers also tell an etcd replaced under a silent
+// watch: the watch resumed on it waits for a revision it has not reached.
+func (w *HostWatcher) probe(ctx context.Context, replaced chan<- struct{}) {
 	every := max(w.unhealthyAfter/3, minBackoff) // a tiny bound must not spin
 	for ctx.Err() == nil {
 		if wait := every - w.silentFor(time.Now()); wait > 0 {
@@ -333,14 +351,30 @@ func (w *HostWatcher) probe(ctx context.Context) {
 			continue
 		}
 		pctx, cancel := context.WithTimeout(ctx, every)
-		_, err := w.cli.Get(pctx, w.prefix)
+		resp, err := w.cli.Get(pctx, w.prefix)
 		cancel()
 		if err != nil {
 			sleep(ctx, every) // unanswered: ask again later
 			continue
 		}
+		if w.mark.replacedBy(resp.Header, true) != nil {
+			replaced <- struct{}{}
+			return
+		}
 		w.hears()
 	}
+}
+
+// etcdReplaced reports that etcd was found replaced: the watcher lists
+// again at once, reusing nothing of its view, and is unhealthy until it
+// has.
+func (w *HostWatcher) etcdReplaced(err error) {
+	w.renew = true
+	w.log.Error("coord: etcd was replaced or restored, listing the hosts again", "err", err)
+	w.mu.Lock()
+	w.replaced = err
+	w.mu.Unlock()
+	emit(w.signal, Signal{Kind: SignalEtcdReplaced, Key: w.prefix, Err: err})
 }
 
 // update applies a watch response to the view and queues its events; a
@@ -398,6 +432,9 @@ func (w *HostWatcher) list(ctx context.Context, limit int) (*snapshot, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := w.mark.see(resp.Header, true); err != nil {
+		w.etcdReplaced(err)
+	}
 	rev := resp.Header.Revision
 	s := &snapshot{rev: rev, hosts: make([]*version, 0, resp.Count)}
 	for {
@@ -437,10 +474,12 @@ func (w *HostWatcher) page(ctx context.Context, key string, rev int64, limit int
 
 // read adds the hosts of one page to s. A key that has not changed since
 // the view took it in keeps the view's version: no need to decode it again.
+// Not when the view is of an etcd replaced since: its revisions and leases
+// say nothing of the new one's.
 func (w *HostWatcher) read(s *snapshot, kvs []*mvccpb.KeyValue) {
 	for _, kv := range kvs {
 		v := w.hosts[string(w.id(kv.Key))]
-		if v == nil || v.modRev != kv.ModRevision || v.lease != kv.Lease {
+		if v == nil || w.renew || v.modRev != kv.ModRevision || v.lease != kv.Lease {
 			if v = w.decode(kv); v == nil {
 				continue
 			}
@@ -551,7 +590,9 @@ func transition(q []pending, from, to *version, rev int64, synthetic bool) []pen
 		return append(q,
 			pending{kind: HostDown, v: from, before: from, rev: rev, synthetic: synthetic},
 			pending{kind: HostUp, v: to, rev: rev, synthetic: synthetic})
-	case from.modRev != to.modRev:
+	case from != to:
+		// Another version: changed at another revision, or read from an
+		// etcd that replaced the one of from (see HostWatcher.read).
 		return append(q, pending{kind: HostUpdated, v: to, before: from, rev: rev, synthetic: synthetic})
 	}
 	return q

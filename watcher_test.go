@@ -913,6 +913,58 @@ func TestHostWatcherFaults(t *testing.T) {
 		wtNoErr(t, w)
 	})
 
+	t.Run("notices an etcd reset, its revisions started over: lists again at once, says so, unhealthy until it has", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		w, seen := wtReplacedWatcher(t, cli, time.Second)
+		prefix := prefixFor(t)
+		// a's put is the first write of each etcd: at the same revision,
+		// without a lease, but another value on the new one.
+		a := meta("a")
+		wtPut(t, cli, prefix, a, 0)
+		wtPut(t, cli, prefix, meta("b"), 0)
+		r := newWtReplica(t)
+		r.applyNext(w, 2)
+		for range 20 {
+			wtPut(t, cli, "/elsewhere/", meta("x"), 0)
+		}
+		// The watch hears nothing of those writes; the probe of its
+		// silence hears etcd's revision.
+		rev := srv.Revision(testCtx(t))
+		eventually(t, "the watcher hearing etcd's revision", func() bool {
+			w.mark.mu.Lock()
+			defer w.mark.mu.Unlock()
+			return w.mark.rev >= rev
+		})
+		srv.Reset()
+		a.Version = "2.0"
+		wtPut(t, cli, prefix, a, 0)
+		wtPut(t, cli, prefix, meta("c"), 0)
+		// b down, a updated, c up: in one relisting, the watch left
+		// waiting on the old etcd's revisions.
+		r.untilMatches(w, cli, prefix)
+		seen.check(t, w, prefix)
+		quiet(t, cli, w, prefix)
+	})
+
+	t.Run("notices an etcd replaced by another cluster from its watch, once its revision passed ours", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		// No probe within the test: the watch itself tells.
+		w, seen := wtReplacedWatcher(t, cli, time.Hour)
+		prefix := prefixFor(t)
+		wtPut(t, cli, prefix, meta("a"), 0)
+		r := newWtReplica(t)
+		r.applyNext(w, 1)
+		rev := srv.Revision(testCtx(t))
+		srv.Replace()
+		wtPut(t, cli, prefix, meta("b"), 0)
+		for srv.Revision(testCtx(t)) <= rev+1 {
+			wtPut(t, cli, "/elsewhere/", meta("x"), 0)
+		}
+		wtPut(t, cli, prefix, meta("c"), 0)
+		r.untilMatches(w, cli, prefix)
+		seen.check(t, w, prefix)
+	})
+
 	t.Run("syncs though compactions keep cutting its paged listing short", func(t *testing.T) {
 		srv, cli := newEtcd(t)
 		ctx, prefix := testCtx(t), prefixFor(t)
@@ -1362,6 +1414,66 @@ type wtReplica struct {
 	t     *testing.T
 	hosts map[string]HostMetadata
 	ups   map[string]int
+}
+
+// untilMatches applies the events of w until the replica holds what etcd
+// holds under prefix, failing the test after patience.
+func (r *wtReplica) untilMatches(w *HostWatcher, cli *clientv3.Client, prefix string) {
+	r.t.Helper()
+	deadline := time.Now().Add(patience())
+	for !reflect.DeepEqual(r.hosts, truth(r.t, cli, prefix)) {
+		if time.Now().After(deadline) {
+			r.matches(cli, prefix)
+		}
+		r.apply(next(r.t, w))
+	}
+}
+
+// wtReplacedSeen records a watcher's SignalEtcdReplaced, with what its
+// Healthy said as each came.
+type wtReplacedSeen struct {
+	mu      sync.Mutex
+	signals []Signal
+	health  []error
+}
+
+// wtReplacedWatcher starts a watcher on the test's prefix, UnhealthyAfter
+// unhealthy, that records its SignalEtcdReplaced.
+func wtReplacedWatcher(t *testing.T, cli *clientv3.Client, unhealthy time.Duration) (*HostWatcher, *wtReplacedSeen) {
+	t.Helper()
+	seen := &wtReplacedSeen{}
+	var wp atomic.Pointer[HostWatcher]
+	w := wtSynced(t, testCtx(t), cli, WatcherOptions{Prefix: prefixFor(t), UnhealthyAfter: unhealthy, OnSignal: func(s Signal) {
+		if s.Kind == SignalEtcdReplaced {
+			seen.mu.Lock()
+			defer seen.mu.Unlock()
+			seen.signals = append(seen.signals, s)
+			seen.health = append(seen.health, wp.Load().Healthy())
+		}
+	}})
+	wp.Store(w)
+	return w, seen
+}
+
+// check fails the test unless w, the watcher of prefix, said once that
+// etcd was replaced, unhealthy then, and is healthy now, with no error.
+func (seen *wtReplacedSeen) check(t *testing.T, w *HostWatcher, prefix string) {
+	t.Helper()
+	seen.mu.Lock()
+	defer seen.mu.Unlock()
+	if len(seen.signals) != 1 {
+		t.Fatalf("%d signals that etcd was replaced, want 1: %v", len(seen.signals), seen.signals)
+	}
+	sig, health := seen.signals[0], seen.health[0]
+	t.Logf("signal: %v; Healthy then: %v", sig.Err, health)
+	if sig.Key != prefix || sig.Err == nil || !strings.Contains(sig.Err.Error(), "etcd replaced") {
+		t.Fatalf("signal %+v, want Key %q and Err saying etcd was replaced", sig, prefix)
+	}
+	if health == nil || !strings.Contains(health.Error(), "etcd replaced") {
+		t.Fatalf("Healthy when etcd was found replaced: %v, want an error saying so", health)
+	}
+	eventually(t, "healthy again", func() bool { return w.Healthy() == nil })
+	wtNoErr(t, w)
 }
 
 func newWtReplica(t *testing.T) *wtReplica {

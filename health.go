@@ -30,12 +30,13 @@ var (
 // unanswered says whether the keeper's renewals have gone unanswered too
 // long at now. A renewal is sent a third of the TTL after the last one
 // etcd answered and is tried for a sixth of it: the lease is in doubt once
-// that try is over without an answer, half a TTL after the last answered
-// renewal was sent, a sixth of the TTL before the keeper turns stale.
-// Judging at a third of the TTL exactly would fail a check that lands
-// during the round trip of every renewal.
+// that try is over without an answer, or a second after it was sent if
+// that is sooner (TTLs over 6 s), so that an outage is told within a third
+// of the TTL and a second, long before the keeper turns stale. Judging at
+// a third of the TTL exactly would fail a check that lands during the
+// round trip of every renewal.
 func (k *keeper) unanswered(now time.Time) error {
-	if age := now.Sub(k.lastAnswer()); age > k.ttl/2 {
+	if age := now.Sub(k.lastAnswer()); age > k.ttl/3+min(k.ttl/6, time.Second) {
 		return fmt.Errorf("lease %x: no renewal answered for %v (TTL %v)", int64(k.id), age.Round(time.Millisecond), k.ttl)
 	}
 	return nil

@@ -186,6 +186,32 @@ func TestHealthHostLiveness(t *testing.T) {
 			t.Fatal("healthy on the old lease")
 		}
 	})
+	t.Run("judges renewals unanswered a third of the TTL and a second after the last answered, half the TTL up to 6 s", func(t *testing.T) {
+		_, cli := newEtcd(t)
+		for _, c := range []struct{ ttl, bound time.Duration }{{3 * time.Second, 1500 * time.Millisecond}, {9 * time.Second, 4 * time.Second}} {
+			h := register(t, cli, "a-"+c.ttl.String(), LivenessOptions{TTL: c.ttl})
+			var k *keeper
+			eventually(t, "a keeper renewing the lease", func() bool {
+				h.mu.Lock()
+				defer h.mu.Unlock()
+				k = h.keep
+				return k != nil
+			})
+			// Judged on one last answer: again if a renewal was answered
+			// meanwhile.
+			var at, past error
+			for {
+				last := k.lastAnswer()
+				at, past = k.unanswered(last.Add(c.bound)), k.unanswered(last.Add(c.bound+time.Millisecond))
+				if last.Equal(k.lastAnswer()) {
+					break
+				}
+			}
+			if at != nil || past == nil {
+				t.Fatalf("TTL %v: %v after the last answered renewal: %v; a millisecond later: %v", c.ttl, c.bound, at, past)
+			}
+		}
+	})
 	t.Run("is unhealthy while it heals, saying since when", func(t *testing.T) {
 		_, cli := newEtcd(t)
 		g, log := newHtGate(t, "coord: host registration lost, healing")

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"sync"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -75,6 +76,7 @@ type candidacy struct {
 	log     *slog.Logger
 	signal  func(Signal)
 	session func(context.Context) (*session, error) // the live session, started anew once one ended
+	mark    *etcdMark                               // its owner's: the etcd of its puts and reads
 	held    func(*leadership)                       // if set, told of a term before it is announced
 	wg      *sync.WaitGroup                         // its owner's: counts the goroutines it starts
 
@@ -165,6 +167,7 @@ func (c *candidacy) candidate(ctx context.Context, s *session, identity string) 
 		c.unput(s, key, p)
 		return "", 0, 0, fmt.Errorf("put candidate key: %w", p.err)
 	}
+	c.heard(p.resp.Header)
 	rev = p.rev()
 	// Our key is there: among the first limit candidates, or behind them.
 	for _, kv := range p.resp.Responses[len(p.resp.Responses)-1].GetResponseRange().Kvs {
@@ -173,6 +176,17 @@ func (c *candidacy) candidate(ctx context.Context, s *session, identity string) 
 		}
 	}
 	return key, rev, hdr, nil
+}
+
+// heard takes in the header of a linearizable answer: an etcd that
+// replaced the one of the owner's earlier answers (see etcdMark) is
+// reported, by the first candidacy of the owner (an Election, a pool, a
+// Semaphore) that hears it. Its tokens start over below the old ones.
+func (c *candidacy) heard(h *etcdserverpb.ResponseHeader) {
+	if err := c.mark.see(h, true); err != nil {
+		c.log.Error("coord: etcd was replaced or restored: tokens start over", "err", err)
+		emit(c.signal, Signal{Kind: SignalEtcdReplaced, Key: c.key, Err: err})
+	}
 }
 
 // putResult is the outcome of a candidate put.
@@ -332,6 +346,7 @@ func (c *candidacy) look(ctx context.Context, s *session, key string, rev int64)
 	case !resp.Succeeded:
 		return 0, false, fmt.Errorf("%w: our candidate key was deleted", ErrLeadershipLost)
 	}
+	c.heard(resp.Header)
 	kvs := resp.Responses[0].GetResponseRange().Kvs
 	if int64(len(kvs)) < c.limit {
 		return resp.Header.Revision, true, nil

@@ -886,6 +886,56 @@ func TestCandidacyEdges(t *testing.T) {
 		}
 	})
 
+	t.Run("a Campaign and an Acquire that wait on an etcd reset queue again on it, and say etcd was replaced", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		for range 300 {
+			wtPut(t, cli, "/elsewhere/", meta("x"), 0)
+		}
+		s := &signals{}
+		opts := ElectionOptions{Key: "/edge/reset", TTL: time.Second * scale, OnSignal: s.hook}
+		a, err := NewElection(testCtx(t), cli, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer a.Close()
+		b, err := NewElection(testCtx(t), srv.NewClient(t), opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Close()
+		if err := a.Campaign(testCtx(t), "a"); err != nil {
+			t.Fatal(err)
+		}
+		sem := smSemaphore(t, cli, SemaphoreOptions{Key: "/edge/reset-sem", Limit: 1, TTL: time.Second * scale, OnSignal: s.hook})
+		smAcquire(t, sem)
+		waiter := smSemaphore(t, srv.NewClient(t), SemaphoreOptions{Key: "/edge/reset-sem", Limit: 1, TTL: time.Second * scale, OnSignal: s.hook})
+		// Each waits after a read at etcd's revision, past 300.
+		bw := startWaiter(func() error { return b.Campaign(testCtx(t), "b") }, func() bool { return true })
+		ww := startWaiter(func() error {
+			_, err := waiter.Acquire(testCtx(t))
+			return err
+		}, func() bool { return true })
+		eventually(t, "b and the waiter in line", func() bool {
+			return len(candidates(t, cli, "/edge/reset/")) == 2 && len(candidates(t, cli, "/edge/reset-sem/")) == 2
+		})
+		srv.Reset()
+		waitClosed(t, bw.done, "b leading on the new etcd")
+		waitClosed(t, ww.done, "the waiter's permit on the new etcd")
+		if bw.err != nil || ww.err != nil {
+			t.Fatalf("Campaign: %v; Acquire: %v", bw.err, ww.err)
+		}
+		keys := map[string]bool{}
+		for _, sig := range s.of(SignalEtcdReplaced) {
+			if !errors.Is(sig.Err, errEtcdReplaced) {
+				t.Fatalf("signal %+v", sig)
+			}
+			keys[sig.Key] = true
+		}
+		if !keys["/edge/reset"] || !keys["/edge/reset-sem"] {
+			t.Fatalf("etcd said replaced for %v, want the election and the semaphore", keys)
+		}
+	})
+
 	t.Run("a candidate put whose answer comes after its deadline is taken for landed: its key does not stay on the live session", func(t *testing.T) {
 		srv, cli := newEtcd(t)
 		const key = "/edge/put"

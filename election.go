@@ -61,7 +61,7 @@ func NewElection(ctx context.Context, cli *clientv3.Client, opts ElectionOptions
 	if err != nil {
 		return nil, err
 	}
-	e := newElection(cli, opts.Key, ttl, opts.Identity, logger(opts.Logger), opts.OnSignal)
+	e := newElection(cli, opts.Key, ttl, opts.Identity, logger(opts.Logger), opts.OnSignal, new(etcdMark))
 	if _, err := e.session(ctx); err != nil {
 		e.cancel(ErrClosed)
 		return nil, opErr(fmt.Sprintf("election %q", opts.Key), err)
@@ -69,7 +69,7 @@ func NewElection(ctx context.Context, cli *clientv3.Client, opts ElectionOptions
 	return e, nil
 }
 
-func newElection(cli *clientv3.Client, key string, ttl time.Duration, identity string, log *slog.Logger, signal func(Signal)) *Election {
+func newElection(cli *clientv3.Client, key string, ttl time.Duration, identity string, log *slog.Logger, signal func(Signal), mark *etcdMark) *Election {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	e := &Election{
 		cli:      cli,
@@ -84,7 +84,7 @@ func newElection(cli *clientv3.Client, key string, ttl time.Duration, identity s
 		turn:     make(chan struct{}, 1),
 	}
 	e.c = &candidacy{cli: cli, key: key, prefix: e.prefix, limit: 1, words: electionWords, log: e.log,
-		signal: signal, session: e.session, held: e.held, wg: &e.wg, unsettled: closedChan}
+		signal: signal, session: e.session, mark: mark, held: e.held, wg: &e.wg, unsettled: closedChan}
 	return e
 }
 

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
@@ -48,6 +49,8 @@ type HostLiveness struct {
 	keep    *keeper   // the keeper of the lease held, for Healthy
 	lost    time.Time // when the registration was found lost, zero unless healing
 	lostWhy error     // why it was lost
+
+	mark etcdMark // the etcd of our writes
 
 	stopOnce sync.Once
 	stopErr  error
@@ -166,6 +169,9 @@ func (h *HostLiveness) register(ctx context.Context, mode claim) (registration, 
 		resp, err := h.cli.Txn(ctx).If(free...).
 			Then(clientv3.OpPut(h.key, string(val), clientv3.WithLease(g.ID))).
 			Else(clientv3.OpGet(h.key)).Commit()
+		if err == nil {
+			h.heard(resp.Header)
+		}
 		if err == nil && resp.Succeeded {
 			reg.rev = resp.Header.Revision
 			h.published(gen, reg.lease, reg.ttl)
@@ -184,6 +190,16 @@ func (h *HostLiveness) register(ctx context.Context, mode claim) (registration, 
 		if err := h.waitOut(ctx, waited); err != nil {
 			return registration{}, err
 		}
+	}
+}
+
+// heard takes in the header of a write's answer: an etcd that replaced the
+// one of our writes (see etcdMark) is reported. The registration has healed
+// on it by then (its lease was gone with the old etcd).
+func (h *HostLiveness) heard(hdr *etcdserverpb.ResponseHeader) {
+	if err := h.mark.see(hdr, true); err != nil {
+		h.log.Error("coord: etcd was replaced or restored, host registered on the new one", "key", h.key, "err", err)
+		emit(h.signal, Signal{Kind: SignalEtcdReplaced, Key: h.key, Host: h.id, Err: err})
 	}
 }
 
@@ -515,6 +531,7 @@ func (h *HostLiveness) write(ctx context.Context, meta HostMetadata) (gen uint64
 		}
 		return 0, false, fmt.Errorf("put host key: %w", err)
 	}
+	h.heard(resp.Header)
 	if resp.Succeeded {
 		h.published(gen, lease, ttl)
 		return gen, false, nil

@@ -879,3 +879,32 @@ func TestHostLivenessErrorsSayCoordOnce(t *testing.T) {
 		once(t, h.Stop(short(t)))
 	})
 }
+
+func TestHostLivenessEtcdReplaced(t *testing.T) {
+	t.Run("heals on an etcd reset, its revisions started over, and says etcd was replaced", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		s := &signals{}
+		tap, log := newLogTap()
+		tap.dumpOnFailure(t)
+		h := register(t, cli, "a", LivenessOptions{Logger: log, OnSignal: s.hook})
+		for range 300 {
+			wtPut(t, cli, "/elsewhere/", meta("x"), 0)
+		}
+		// A write: its answer says how far etcd's revisions went.
+		if err := h.Update(testCtx(t), meta("a")); err != nil {
+			t.Fatal(err)
+		}
+		old := h.LeaseID()
+		srv.Reset()
+		got := s.waitFor(t, SignalEtcdReplaced, 1)
+		if got.Key != h.Key() || got.Host != "a" || !errors.Is(got.Err, errEtcdReplaced) {
+			t.Fatalf("signal %+v, want one of a's registration saying etcd was replaced", got)
+		}
+		t.Logf("signal: %v", got.Err)
+		// Said by the write that registered it on the new etcd.
+		eventually(t, "a registered on the new etcd", func() bool {
+			resp, err := cli.Get(testCtx(t), h.Key())
+			return err == nil && len(resp.Kvs) == 1 && h.LeaseID() != old && clientv3.LeaseID(resp.Kvs[0].Lease) == h.LeaseID()
+		})
+	})
+}

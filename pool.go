@@ -24,6 +24,7 @@ type ElectionPool struct {
 	ctx    context.Context // ended by Close: ends the sessions
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // the sessions' goroutines
+	mark   etcdMark       // the etcd of its elections' answers
 
 	mu        sync.Mutex
 	elections map[string]*Election // by key: the one held
@@ -91,7 +92,7 @@ func (p *ElectionPool) Election(ctx context.Context, key string) (*Election, err
 	if _, held := p.elections[key]; held {
 		return nil, opErr(what, ErrInUse)
 	}
-	e := newElection(p.cli, key, p.opts.TTL, p.opts.Identity, p.log, p.opts.OnSignal)
+	e := newElection(p.cli, key, p.opts.TTL, p.opts.Identity, p.log, p.opts.OnSignal, &p.mark)
 	e.pool = p
 	p.elections[key] = e
 	return e, nil

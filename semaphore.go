@@ -34,6 +34,7 @@ type Semaphore struct {
 	identity string
 	log      *slog.Logger
 	signal   func(Signal)
+	mark     etcdMark // the etcd of its candidacies' answers
 
 	ctx    context.Context // ended by Close, with cause ErrClosed
 	cancel context.CancelCauseFunc
@@ -205,7 +206,7 @@ func (s *Semaphore) acquire(ctx context.Context, wait bool) (*Permit, error) {
 	actx, cancel := withCancelOn(ctx, s.ctx)
 	defer cancel()
 	c := &candidacy{cli: s.cli, key: s.key, prefix: s.prefix, suffix: fmt.Sprintf("-%d", s.n.Add(1)),
-		limit: int64(s.limit), words: permitWords, log: s.log, signal: s.signal, session: s.session,
+		limit: int64(s.limit), words: permitWords, log: s.log, signal: s.signal, session: s.session, mark: &s.mark,
 		wg: &s.wg, unsettled: closedChan}
 	l, err := c.run(actx, s.identity, wait)
 	switch {

@@ -57,10 +57,14 @@ const (
 	// Err is why, as Permit.Err says it: ErrReleased, ErrClosed,
 	// ErrClientClosed, or ErrPermitLost wrapping the cause.
 	SignalPermitReleased
-	// SignalEtcdReplaced: the etcd behind Key (a watcher's prefix, a
-	// shard set's) was found replaced or restored, from its answers: another
-	// cluster ID, or a revision below one seen. Err says the old and new
-	// cluster ID and revision. Everything under Key is listed again.
+	// SignalEtcdReplaced: the etcd behind Key was found replaced or
+	// restored, from its answers: another cluster ID, or a revision below
+	// one seen. Err says the old and new cluster ID and revision. A
+	// watcher (Key its prefix) or a shard set (its Prefix; Host) lists
+	// everything under Key again; a registration (its host key; Host) has
+	// healed on the new etcd; an election, a pool or a semaphore (Key that
+	// of its first campaign or acquire to hear it) queues again there,
+	// its tokens started over.
 	SignalEtcdReplaced
 )
 

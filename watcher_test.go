@@ -965,6 +965,35 @@ func TestHostWatcherFaults(t *testing.T) {
 		seen.check(t, w, prefix)
 	})
 
+	t.Run("keeps an exact replica across restores from a snapshot: says etcd was replaced when revisions go back, not when the restore bumps them", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		w, seen := wtReplacedWatcher(t, cli, time.Second)
+		prefix := prefixFor(t)
+		r := newWtReplica(t)
+		for i, bump := range []uint64{0, 1000} {
+			wtPut(t, cli, prefix, meta(fmt.Sprintf("kept-%d", i)), 0)
+			r.applyNext(w, 1)
+			snap := srv.Snapshot(testCtx(t))
+			// Written after the snapshot: gone once it is restored.
+			wtPut(t, cli, prefix, meta(fmt.Sprintf("lost-%d", i)), 0)
+			r.applyNext(w, 1)
+			for range 20 {
+				wtPut(t, cli, "/elsewhere/", meta("x"), 0)
+			}
+			rev := srv.Revision(testCtx(t))
+			eventually(t, "the watcher hearing etcd's revision", func() bool {
+				w.mark.mu.Lock()
+				defer w.mark.mu.Unlock()
+				return w.mark.rev >= rev
+			})
+			srv.Restore(snap, bump)
+			r.untilMatches(w, cli, prefix)
+		}
+		// Only the restore without the bump said so; the bumped one was
+		// a compaction to the watcher.
+		seen.check(t, w, prefix)
+	})
+
 	t.Run("syncs though compactions keep cutting its paged listing short", func(t *testing.T) {
 		srv, cli := newEtcd(t)
 		ctx, prefix := testCtx(t), prefixFor(t)

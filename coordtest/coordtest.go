@@ -51,12 +51,14 @@
 package coordtest
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"net"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"syscall"
@@ -65,6 +67,8 @@ import (
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/snapshot"
+	etcdutl "go.etcd.io/etcd/etcdutl/v3/snapshot"
 	"go.etcd.io/etcd/pkg/v3/featuregate"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.etcd.io/etcd/server/v3/storage/mvcc"
@@ -162,8 +166,8 @@ type Server struct {
 	peerURL   url.URL
 	// token is the cluster token of the etcd started next ("": etcd's
 	// default); each Replace takes a new one.
-	token    string
-	replaced int
+	token                         string
+	replaced, restored, snapshots int
 
 	// lifeMu serialises starting and stopping and guards the fields below.
 	lifeMu sync.Mutex
@@ -336,7 +340,11 @@ func (s *Server) fatalIf(err error) {
 // themselves; their leases are gone. It fails the test as Restart does.
 func (s *Server) Replace() {
 	s.t.Helper()
-	s.fatalIf(s.restartWith(true, true))
+	s.fatalIf(s.restartWith(func() error {
+		s.replaced++
+		s.token = fmt.Sprintf("coordtest-replaced-%d", s.replaced)
+		return s.empty()
+	}))
 }
 
 // Reset is Replace on the same cluster token: the same cluster ID (etcd
@@ -345,29 +353,83 @@ func (s *Server) Replace() {
 // data.
 func (s *Server) Reset() {
 	s.t.Helper()
-	s.fatalIf(s.restartWith(true, false))
+	s.fatalIf(s.restartWith(s.empty))
+}
+
+// Snapshot saves the server's keyspace to a new file next to its data
+// directory, as `etcdctl snapshot save` does, and returns its path. It
+// fails the test if the server does not answer within ctx.
+func (s *Server) Snapshot(ctx context.Context) string {
+	s.t.Helper()
+	path, err := s.snapshot(ctx)
+	s.fatalIf(err)
+	return path
+}
+
+// snapshot is Snapshot, returning its failure.
+func (s *Server) snapshot(ctx context.Context) (string, error) {
+	s.lifeMu.Lock()
+	s.snapshots++
+	path := filepath.Join(filepath.Dir(s.dir), fmt.Sprintf("snapshot-%d.db", s.snapshots))
+	s.lifeMu.Unlock()
+	if _, err := snapshot.SaveWithVersion(ctx, zap.NewNop(), s.ClientConfig(), path); err != nil {
+		return "", fmt.Errorf("saving a snapshot: %w", err)
+	}
+	return path, nil
+}
+
+// Restore stops the server and starts it again on the keyspace of the
+// snapshot at path (see Snapshot), in a new data directory, as `etcdutl
+// snapshot restore` does: the same cluster, its revision back to the
+// snapshot's, the leases of the snapshot kept. With bump > 0 the revision
+// is raised by bump and marked compacted (`--bump-revision bump
+// --mark-compacted`): revisions never go back, and a watch from before is
+// told that its revision was compacted. It fails the test as Restart does.
+func (s *Server) Restore(path string, bump uint64) {
+	s.t.Helper()
+	s.fatalIf(s.restartWith(func() error {
+		s.restored++
+		dir := filepath.Join(filepath.Dir(s.dir), fmt.Sprintf("restored-%d", s.restored))
+		defaults := embed.NewConfig()
+		err := etcdutl.NewV3(zap.NewNop()).Restore(etcdutl.RestoreConfig{
+			SnapshotPath: path, Name: defaults.Name, OutputDataDir: dir,
+			PeerURLs:            []string{s.peerURL.String()},
+			InitialCluster:      defaults.Name + "=" + s.peerURL.String(),
+			InitialClusterToken: cmp.Or(s.token, defaults.InitialClusterToken),
+			RevisionBump:        bump, MarkCompacted: bump > 0,
+		})
+		if err != nil {
+			return fmt.Errorf("restoring a snapshot: %w", err)
+		}
+		s.dir = dir
+		return nil
+	}))
 }
 
 // restart is Restart, returning its failure.
-func (s *Server) restart() error { return s.restartWith(false, false) }
+func (s *Server) restart() error { return s.restartWith(nil) }
 
-// restartWith restarts the server, on an empty data directory if empty,
-// as a new cluster if renamed.
-func (s *Server) restartWith(empty, renamed bool) error {
+// empty removes the server's data.
+func (s *Server) empty() error {
+	if err := os.RemoveAll(s.dir); err != nil {
+		return fmt.Errorf("emptying etcd's data directory: %w", err)
+	}
+	return nil
+}
+
+// restartWith restarts the server, with prepare, if set, run while it is
+// stopped.
+func (s *Server) restartWith(prepare func() error) error {
 	s.lifeMu.Lock()
 	defer s.lifeMu.Unlock()
 	if s.done {
 		return errors.New("Restart called after the server was closed")
 	}
 	s.stopLocked()
-	if empty {
-		if err := os.RemoveAll(s.dir); err != nil {
-			return fmt.Errorf("emptying etcd's data directory: %w", err)
+	if prepare != nil {
+		if err := prepare(); err != nil {
+			return err
 		}
-	}
-	if renamed {
-		s.replaced++
-		s.token = fmt.Sprintf("coordtest-replaced-%d", s.replaced)
 	}
 	deadline := time.Now().Add(rebindTimeout)
 	for {

@@ -291,6 +291,34 @@ func TestReplaceAndReset(t *testing.T) {
 	}
 }
 
+func TestSnapshotRestore(t *testing.T) {
+	ctx := testCtx(t)
+	s := NewServer(t)
+	c := s.NewClient(t)
+	mustPut(t, ctx, c, "k", "v1")
+	snap := s.Snapshot(ctx)
+	at := s.Revision(ctx)
+	for range 5 {
+		mustPut(t, ctx, c, "k", "v2")
+	}
+	for _, bump := range []int64{0, 1000} {
+		s.Restore(snap, uint64(bump))
+		resp, err := c.Get(ctx, "k")
+		if err != nil {
+			t.Fatalf("Get after Restore (bump %d): %v", bump, err)
+		}
+		if len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "v1" || resp.Header.Revision != at+bump {
+			t.Fatalf("after Restore (bump %d): %v at revision %d, want v1 at %d", bump, resp.Kvs, resp.Header.Revision, at+bump)
+		}
+	}
+	// The bump marks the restored revision compacted: a watch from before
+	// it is told so.
+	wresp := <-c.Watch(ctx, "k", clientv3.WithRev(at+1))
+	if !errors.Is(wresp.Err(), rpctypes.ErrCompacted) {
+		t.Fatalf("a watch from revision %d after a bumped restore: %v, want compacted", at+1, wresp.Err())
+	}
+}
+
 func TestRestartWaitsForBusyPort(t *testing.T) {
 	ctx := testCtx(t)
 	s := NewServer(t)

@@ -673,11 +673,17 @@ func newCreateHold(prefix string) *createHold {
 }
 
 func (h *createHold) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	return wrapWatch(ctx, desc, cc, method, streamer, opts, func(s grpc.ClientStream) grpc.ClientStream { return &holdStream{ClientStream: s, h: h} })
+}
+
+// wrapWatch opens a stream, as a stream interceptor does, and wraps it
+// with wrap if it is a watch stream.
+func wrapWatch(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts []grpc.CallOption, wrap func(grpc.ClientStream) grpc.ClientStream) (grpc.ClientStream, error) {
 	s, err := streamer(ctx, desc, cc, method, opts...)
 	if err != nil || method != "/etcdserverpb.Watch/Watch" {
 		return s, err
 	}
-	return &holdStream{ClientStream: s, h: h}, nil
+	return wrap(s), nil
 }
 
 type holdStream struct {
@@ -710,11 +716,7 @@ func (h *recvHold) hold() { h.held.Store(true) }
 func (h *recvHold) let() { h.once.Do(func() { close(h.release) }) }
 
 func (h *recvHold) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-	s, err := streamer(ctx, desc, cc, method, opts...)
-	if err != nil || method != "/etcdserverpb.Watch/Watch" {
-		return s, err
-	}
-	return &recvHoldStream{ClientStream: s, h: h}, nil
+	return wrapWatch(ctx, desc, cc, method, streamer, opts, func(s grpc.ClientStream) grpc.ClientStream { return &recvHoldStream{ClientStream: s, h: h} })
 }
 
 type recvHoldStream struct {

@@ -278,33 +278,41 @@ func (l *shLedger) writesOf(host string) int {
 // compact).
 func shHistory(t *testing.T, cli *clientv3.Client) []shWrite {
 	t.Helper()
+	var out []shWrite
+	shReplay(t, cli, shWork, func(ev *clientv3.Event) {
+		host, rest, _ := strings.Cut(string(ev.Kv.Value), "/")
+		token, _, _ := strings.Cut(rest, "/")
+		tok, err := strconv.ParseInt(token, 10, 64)
+		if err != nil {
+			t.Fatalf("history: %q: %v", ev.Kv.Value, err)
+		}
+		out = append(out, shWrite{strings.TrimPrefix(string(ev.Kv.Key), shWork), host, tok, ev.Kv.ModRevision})
+	})
+	return out
+}
+
+// shReplay hands each event of prefix's whole history to each, up to a
+// key it puts under prefix last.
+func shReplay(t *testing.T, cli *clientv3.Client, prefix string, each func(*clientv3.Event)) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(testCtx(t))
 	defer cancel()
-	// The end of the history: a write after all others.
-	end, err := cli.Put(ctx, shWork+"~end", "")
+	end, err := cli.Put(ctx, prefix+"~end", "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var out []shWrite
-	for wr := range cli.Watch(ctx, shWork, clientv3.WithPrefix(), clientv3.WithRev(1)) {
+	for wr := range cli.Watch(ctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(1)) {
 		if wr.Err() != nil {
-			t.Fatalf("history: %v", wr.Err())
+			t.Fatalf("history of %s: %v", prefix, wr.Err())
 		}
 		for _, ev := range wr.Events {
 			if ev.Kv.ModRevision == end.Header.Revision {
-				return out
+				return
 			}
-			host, rest, _ := strings.Cut(string(ev.Kv.Value), "/")
-			token, _, _ := strings.Cut(rest, "/")
-			tok, err := strconv.ParseInt(token, 10, 64)
-			if err != nil {
-				t.Fatalf("history: %q: %v", ev.Kv.Value, err)
-			}
-			out = append(out, shWrite{strings.TrimPrefix(string(ev.Kv.Key), shWork), host, tok, ev.Kv.ModRevision})
+			each(ev)
 		}
 	}
-	t.Fatal("history cut short")
-	return nil
+	t.Fatalf("history of %s cut short", prefix)
 }
 
 // shCheck goes through the fenced writes of each shard in etcd's order: a
@@ -1916,29 +1924,14 @@ func (h *reqHold) client(t *testing.T, cfg clientv3.Config) *clientv3.Client {
 // ShardsPrefix in etcd's whole history.
 func shCandidacies(t *testing.T, cli *clientv3.Client) map[string]int {
 	t.Helper()
-	ctx, cancel := context.WithCancel(testCtx(t))
-	defer cancel()
-	end, err := cli.Put(ctx, ShardsPrefix+"~end", "")
-	if err != nil {
-		t.Fatal(err)
-	}
 	out := map[string]int{}
-	for wr := range cli.Watch(ctx, ShardsPrefix, clientv3.WithPrefix(), clientv3.WithRev(1)) {
-		if wr.Err() != nil {
-			t.Fatalf("candidacies: %v", wr.Err())
+	shReplay(t, cli, ShardsPrefix, func(ev *clientv3.Event) {
+		shard, _, ok := strings.Cut(strings.TrimPrefix(string(ev.Kv.Key), ShardsPrefix), "/")
+		if ok && shard != ShardMemberSegment && ev.IsCreate() {
+			out[shard]++
 		}
-		for _, ev := range wr.Events {
-			if ev.Kv.ModRevision == end.Header.Revision {
-				return out
-			}
-			shard, _, ok := strings.Cut(strings.TrimPrefix(string(ev.Kv.Key), ShardsPrefix), "/")
-			if ok && shard != ShardMemberSegment && ev.IsCreate() {
-				out[shard]++
-			}
-		}
-	}
-	t.Fatal("history cut short")
-	return nil
+	})
+	return out
 }
 
 func testShardClose(t *testing.T) {

@@ -924,17 +924,7 @@ func TestHostWatcherFaults(t *testing.T) {
 		wtPut(t, cli, prefix, meta("b"), 0)
 		r := newWtReplica(t)
 		r.applyNext(w, 2)
-		for range 20 {
-			wtPut(t, cli, "/elsewhere/", meta("x"), 0)
-		}
-		// The watch hears nothing of those writes; the probe of its
-		// silence hears etcd's revision.
-		rev := srv.Revision(testCtx(t))
-		eventually(t, "the watcher hearing etcd's revision", func() bool {
-			w.mark.mu.Lock()
-			defer w.mark.mu.Unlock()
-			return w.mark.rev >= rev
-		})
+		wtAheadHeard(t, srv, cli, w)
 		srv.Reset()
 		a.Version = "2.0"
 		wtPut(t, cli, prefix, a, 0)
@@ -977,15 +967,7 @@ func TestHostWatcherFaults(t *testing.T) {
 			// Written after the snapshot: gone once it is restored.
 			wtPut(t, cli, prefix, meta(fmt.Sprintf("lost-%d", i)), 0)
 			r.applyNext(w, 1)
-			for range 20 {
-				wtPut(t, cli, "/elsewhere/", meta("x"), 0)
-			}
-			rev := srv.Revision(testCtx(t))
-			eventually(t, "the watcher hearing etcd's revision", func() bool {
-				w.mark.mu.Lock()
-				defer w.mark.mu.Unlock()
-				return w.mark.rev >= rev
-			})
+			wtAheadHeard(t, srv, cli, w)
 			srv.Restore(snap, bump)
 			r.untilMatches(w, cli, prefix)
 		}
@@ -1456,6 +1438,22 @@ func (r *wtReplica) untilMatches(w *HostWatcher, cli *clientv3.Client, prefix st
 		}
 		r.apply(next(r.t, w))
 	}
+}
+
+// wtAheadHeard makes etcd's revision go 20 past the watcher's prefix
+// (which its watch hears nothing of) and waits until the probe of its
+// silence has heard it.
+func wtAheadHeard(t *testing.T, srv *coordtest.Server, cli *clientv3.Client, w *HostWatcher) {
+	t.Helper()
+	for range 20 {
+		wtPut(t, cli, "/elsewhere/", meta("x"), 0)
+	}
+	rev := srv.Revision(testCtx(t))
+	eventually(t, "the watcher hearing etcd's revision", func() bool {
+		w.mark.mu.Lock()
+		defer w.mark.mu.Unlock()
+		return w.mark.rev >= rev
+	})
 }
 
 // wtReplacedSeen records a watcher's SignalEtcdReplaced, with what its

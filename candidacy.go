@@ -149,6 +149,7 @@ func (c *candidacy) candidate(ctx context.Context, s *session, identity string) 
 	if !within(ctx, c.settling()) {
 		return "", 0, 0, ctx.Err()
 	}
+	since := c.mark.at()
 	res := c.put(s, key, identity)
 	var p putResult
 	select {
@@ -167,7 +168,7 @@ func (c *candidacy) candidate(ctx context.Context, s *session, identity string) 
 		c.unput(s, key, p)
 		return "", 0, 0, fmt.Errorf("put candidate key: %w", p.err)
 	}
-	c.heard(p.resp.Header)
+	c.heard(p.resp.Header, since)
 	rev = p.rev()
 	// Our key is there: among the first limit candidates, or behind them.
 	for _, kv := range p.resp.Responses[len(p.resp.Responses)-1].GetResponseRange().Kvs {
@@ -182,8 +183,8 @@ func (c *candidacy) candidate(ctx context.Context, s *session, identity string) 
 // replaced the one of the owner's earlier answers (see etcdMark) is
 // reported, by the first candidacy of the owner (an Election, a pool, a
 // Semaphore) that hears it. Its tokens start over below the old ones.
-func (c *candidacy) heard(h *etcdserverpb.ResponseHeader) {
-	if err := c.mark.see(h, true); err != nil {
+func (c *candidacy) heard(h *etcdserverpb.ResponseHeader, since *markAt) {
+	if err := c.mark.see(h, since); err != nil {
 		c.log.Error("coord: etcd was replaced or restored: tokens start over", "err", err)
 		emit(c.signal, Signal{Kind: SignalEtcdReplaced, Key: c.key, Err: err})
 	}
@@ -335,6 +336,7 @@ func (c *candidacy) waitTurn(ctx context.Context, s *session, key string, rev in
 func (c *candidacy) look(ctx context.Context, s *session, key string, rev int64) (hdr int64, news bool, _ error) {
 	deletes, stop := c.watchDeletes(ctx)
 	defer stop()
+	since := c.mark.at()
 	resp, err := c.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", rev)).
 		Then(clientv3.OpGet(c.prefix, append(top(c.limit+1, clientv3.SortDescend), clientv3.WithMaxCreateRev(rev-1))...)).
 		Commit()
@@ -346,7 +348,7 @@ func (c *candidacy) look(ctx context.Context, s *session, key string, rev int64)
 	case !resp.Succeeded:
 		return 0, false, fmt.Errorf("%w: our candidate key was deleted", ErrLeadershipLost)
 	}
-	c.heard(resp.Header)
+	c.heard(resp.Header, since)
 	kvs := resp.Responses[0].GetResponseRange().Kvs
 	if int64(len(kvs)) < c.limit {
 		return resp.Header.Revision, true, nil

@@ -754,6 +754,25 @@ func (f *delayTxn) intercept(ctx context.Context, method string, req, reply any,
 	return err
 }
 
+// holdAnswer holds, once armed, the answer of the first Txn that puts a
+// key under prefix, until released: it comes after the answers to
+// requests sent later.
+type holdAnswer struct {
+	prefix   string
+	armed    atomic.Bool
+	held     chan struct{} // closed once an answer is held
+	released chan struct{}
+}
+
+func (h *holdAnswer) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	err := invoker(ctx, method, req, reply, cc, opts...)
+	if txn, ok := req.(*pb.TxnRequest); ok && puts(txn, h.prefix) && h.armed.CompareAndSwap(true, false) {
+		close(h.held)
+		<-h.released
+	}
+	return err
+}
+
 // puts reports whether a Txn puts a key under prefix when it succeeds.
 func puts(txn *pb.TxnRequest, prefix string) bool {
 	for _, op := range txn.Success {
@@ -935,6 +954,112 @@ func TestCandidacyEdges(t *testing.T) {
 		}
 		if !keys["/edge/reset"] || !keys["/edge/reset-sem"] {
 			t.Fatalf("etcd said replaced for %v, want the election and the semaphore", keys)
+		}
+	})
+
+	t.Run("an answer that comes after a later one, at a lower revision, is no etcd replaced: each answer is judged by what was seen when it was asked", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		h := &holdAnswer{prefix: "/edge/order/one/", held: make(chan struct{}), released: make(chan struct{})}
+		cfg := srv.ClientConfig()
+		cfg.DialOptions = append(cfg.DialOptions, grpc.WithChainUnaryInterceptor(h.intercept))
+		pCli, err := clientv3.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pCli.Close()
+		s := &signals{}
+		pool, err := NewElectionPool(pCli, PoolOptions{TTL: time.Second * scale, OnSignal: s.hook})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		one, err := pool.Election(testCtx(t), "/edge/order/one")
+		if err != nil {
+			t.Fatal(err)
+		}
+		two, err := pool.Election(testCtx(t), "/edge/order/two")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The pool has heard etcd before one's put is sent.
+		if err := two.Campaign(testCtx(t), "two"); err != nil {
+			t.Fatal(err)
+		}
+		if err := two.Resign(testCtx(t)); err != nil {
+			t.Fatal(err)
+		}
+		h.armed.Store(true)
+		w := startWaiter(func() error { return one.Campaign(testCtx(t), "one") }, func() bool { return true })
+		waitClosed(t, h.held, "one's put answered, its answer held")
+		for range 5 {
+			wtPut(t, cli, "/elsewhere/", meta("x"), 0)
+		}
+		if err := two.Campaign(testCtx(t), "two"); err != nil {
+			t.Fatal(err)
+		}
+		close(h.released)
+		waitClosed(t, w.done, "one leading")
+		if w.err != nil || !one.IsLeader() || one.Token() >= two.Token() {
+			t.Fatalf("one: %v, leading %v with token %d; two's token %d", w.err, one.IsLeader(), one.Token(), two.Token())
+		}
+		if sig := s.of(SignalEtcdReplaced); len(sig) != 0 {
+			t.Fatalf("etcd said replaced: %+v", sig)
+		}
+	})
+
+	t.Run("an answer of an etcd since replaced, that comes once the new one was heard, neither says so again nor is followed", func(t *testing.T) {
+		srv, _ := newEtcd(t)
+		h := &holdAnswer{prefix: "/edge/late/one/", held: make(chan struct{}), released: make(chan struct{})}
+		cfg := srv.ClientConfig()
+		cfg.DialOptions = append(cfg.DialOptions, grpc.WithChainUnaryInterceptor(h.intercept))
+		pCli, err := clientv3.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pCli.Close()
+		for range 20 {
+			wtPut(t, pCli, "/elsewhere/", meta("x"), 0)
+		}
+		s := &signals{}
+		pool, err := NewElectionPool(pCli, PoolOptions{TTL: time.Second * scale, OnSignal: s.hook})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		one, err := pool.Election(testCtx(t), "/edge/late/one")
+		if err != nil {
+			t.Fatal(err)
+		}
+		two, err := pool.Election(testCtx(t), "/edge/late/two")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := two.Campaign(testCtx(t), "two"); err != nil {
+			t.Fatal(err)
+		}
+		if err := two.Resign(testCtx(t)); err != nil {
+			t.Fatal(err)
+		}
+		h.armed.Store(true)
+		w := startWaiter(func() error { return one.Campaign(testCtx(t), "one") }, func() bool { return true })
+		waitClosed(t, h.held, "one's put answered by the old etcd, its answer held")
+		srv.Reset()
+		// The pool's session went with the old etcd: two campaigns on a
+		// new one, and hears the new etcd.
+		eventually(t, "two leading on the new etcd", func() bool {
+			return two.Campaign(testCtx(t), "two") == nil
+		})
+		s.waitFor(t, SignalEtcdReplaced, 1)
+		close(h.released)
+		waitClosed(t, w.done, "one's Campaign over")
+		if err := two.Resign(testCtx(t)); err != nil {
+			t.Fatal(err)
+		}
+		if err := two.Campaign(testCtx(t), "two"); err != nil {
+			t.Fatal(err)
+		}
+		if sig := s.of(SignalEtcdReplaced); len(sig) != 1 {
+			t.Fatalf("etcd said replaced %d times, want once: %+v", len(sig), sig)
 		}
 	})
 

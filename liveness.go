@@ -166,11 +166,12 @@ func (h *HostLiveness) register(ctx context.Context, mode claim) (registration, 
 		if mode == claimTakeover {
 			free = nil
 		}
+		since := h.mark.at()
 		resp, err := h.cli.Txn(ctx).If(free...).
 			Then(clientv3.OpPut(h.key, string(val), clientv3.WithLease(g.ID))).
 			Else(clientv3.OpGet(h.key)).Commit()
 		if err == nil {
-			h.heard(resp.Header)
+			h.heard(resp.Header, since)
 		}
 		if err == nil && resp.Succeeded {
 			reg.rev = resp.Header.Revision
@@ -196,8 +197,8 @@ func (h *HostLiveness) register(ctx context.Context, mode claim) (registration, 
 // heard takes in the header of a write's answer: an etcd that replaced the
 // one of our writes (see etcdMark) is reported. The registration has healed
 // on it by then (its lease was gone with the old etcd).
-func (h *HostLiveness) heard(hdr *etcdserverpb.ResponseHeader) {
-	if err := h.mark.see(hdr, true); err != nil {
+func (h *HostLiveness) heard(hdr *etcdserverpb.ResponseHeader, since *markAt) {
+	if err := h.mark.see(hdr, since); err != nil {
 		h.log.Error("coord: etcd was replaced or restored, host registered on the new one", "key", h.key, "err", err)
 		emit(h.signal, Signal{Kind: SignalEtcdReplaced, Key: h.key, Host: h.id, Err: err})
 	}
@@ -297,7 +298,14 @@ func (h *HostLiveness) run(ctx context.Context, reg registration) {
 	for {
 		err = h.hold(ctx, reg)
 		h.holding(nil, err)
-		if errors.Is(err, ErrHostExists) || fatal(ctx, h.cli, err) != nil {
+		if errors.Is(err, ErrHostExists) {
+			break
+		}
+		// A client closed, or an etcd that refuses for good, is why the
+		// registration ends, whatever hold saw last: a key deleted as
+		// the client closed would have been healed.
+		if ferr := fatal(ctx, h.cli, err); ferr != nil {
+			err = ferr
 			break
 		}
 		h.log.Warn("coord: host registration lost, healing", "key", h.key, "lease", hexID(reg.lease), "err", err)
@@ -517,6 +525,7 @@ func (h *HostLiveness) write(ctx context.Context, meta HostMetadata) (gen uint64
 	h.gen++
 	h.meta, gen = meta, h.gen
 	h.mu.Unlock()
+	since := h.mark.at()
 	resp, err := h.cli.Txn(ctx).If(clientv3.Compare(clientv3.LeaseValue(h.key), "=", lease)).
 		Then(clientv3.OpPut(h.key, string(val), clientv3.WithLease(lease))).
 		Else(clientv3.OpGet(h.key)).Commit()
@@ -531,7 +540,7 @@ func (h *HostLiveness) write(ctx context.Context, meta HostMetadata) (gen uint64
 		}
 		return 0, false, fmt.Errorf("put host key: %w", err)
 	}
-	h.heard(resp.Header)
+	h.heard(resp.Header, since)
 	if resp.Succeeded {
 		h.published(gen, lease, ttl)
 		return gen, false, nil

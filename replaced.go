@@ -24,46 +24,82 @@ type etcdMark struct {
 	mu      sync.Mutex
 	cluster uint64
 	rev     int64
+	epoch   uint64 // how many replacements were found
 }
 
-// see records what h says of etcd. linear says whether the answer was
-// given after every write etcd acknowledged before it was asked (a write,
-// a linearizable read): a serializable read or a watch may come from a
-// member that lags behind one that answered before. It returns an error
-// when etcd was replaced since the answers seen before: another cluster,
-// or a linear answer at a revision below one seen. From then on, the new
-// etcd is the one followed.
-func (m *etcdMark) see(h *etcdserverpb.ResponseHeader, linear bool) error {
+// markAt is what a mark had seen when a request was sent: a linearizable
+// answer to it (a write, a linearizable read) was given after every
+// write etcd acknowledged before, so it is not below rev. Answers to
+// requests sent earlier, still in flight, may be: they are compared with
+// what was seen when they were sent, never with what was seen since.
+type markAt struct {
+	epoch uint64
+	rev   int64
+}
+
+// at returns what the mark has seen, for a linearizable request about to
+// be sent.
+func (m *etcdMark) at() *markAt {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	err := m.compareLocked(h, linear)
+	return &markAt{epoch: m.epoch, rev: m.rev}
+}
+
+// see records what h says of etcd. since is what the mark had seen when
+// the request was sent (see at), nil for an answer that may lag behind
+// one given before (a serializable read, a watch: a member that lags may
+// give it). It returns an error when etcd was replaced since: another
+// cluster, or a linearizable answer at a revision below one seen before
+// it was asked. From then on, the new etcd is the one followed.
+func (m *etcdMark) see(h *etcdserverpb.ResponseHeader, since *markAt) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	err := m.compareLocked(h, since)
 	if err != nil {
-		m.rev = 0
+		m.cluster, m.rev, m.epoch = h.ClusterId, h.Revision, m.epoch+1
+		return err
 	}
-	m.cluster, m.rev = h.ClusterId, max(m.rev, h.Revision)
-	return err
+	m.takeLocked(h, since)
+	return nil
 }
 
 // replacedBy returns the error see would, and takes h in only if there is
 // none: the one who lists again sees h's etcd itself, and tells.
-func (m *etcdMark) replacedBy(h *etcdserverpb.ResponseHeader, linear bool) error {
+func (m *etcdMark) replacedBy(h *etcdserverpb.ResponseHeader, since *markAt) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if err := m.compareLocked(h, linear); err != nil {
+	if err := m.compareLocked(h, since); err != nil {
 		return err
 	}
-	m.cluster, m.rev = h.ClusterId, max(m.rev, h.Revision)
+	m.takeLocked(h, since)
 	return nil
 }
 
 // compareLocked returns the error saying that h's etcd replaced the one
-// seen, nil if it did not.
-func (m *etcdMark) compareLocked(h *etcdserverpb.ResponseHeader, linear bool) error {
-	if m.cluster == 0 || h.ClusterId == m.cluster && (!linear || h.Revision >= m.rev) {
+// seen, nil if it did not. An answer to a request sent before a
+// replacement was found says nothing: it may be of either etcd.
+func (m *etcdMark) compareLocked(h *etcdserverpb.ResponseHeader, since *markAt) error {
+	switch {
+	case m.cluster == 0, since != nil && since.epoch != m.epoch:
+		return nil
+	case h.ClusterId == m.cluster && (since == nil || h.Revision >= since.rev):
 		return nil
 	}
+	rev := m.rev
+	if since != nil {
+		rev = since.rev
+	}
 	return fmt.Errorf("%w: cluster %x at revision %d, after cluster %x at revision %d",
-		errEtcdReplaced, h.ClusterId, h.Revision, m.cluster, m.rev)
+		errEtcdReplaced, h.ClusterId, h.Revision, m.cluster, rev)
+}
+
+// takeLocked takes in what h says of etcd, unless h answers a request
+// sent before a replacement was found.
+func (m *etcdMark) takeLocked(h *etcdserverpb.ResponseHeader, since *markAt) {
+	if since != nil && since.epoch != m.epoch {
+		return
+	}
+	m.cluster, m.rev = h.ClusterId, max(m.rev, h.Revision)
 }
 
 // replacedNote carries the word that etcd was replaced from the one who

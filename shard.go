@@ -710,6 +710,7 @@ func (s *ShardSet) followCandidates() {
 	defer s.wg.Done()
 	var r retry
 	for {
+		since := s.viewMark.at()
 		resp, err := s.cli.Get(s.ctx, s.opts.Prefix, clientv3.WithPrefix())
 		if err == nil {
 			s.update(func() {
@@ -720,7 +721,7 @@ func (s *ShardSet) followCandidates() {
 				for _, kv := range resp.Kvs {
 					s.noteLocked(kv, false)
 				}
-				if err := s.viewMark.see(resp.Header, true); err != nil {
+				if err := s.viewMark.see(resp.Header, since); err != nil {
 					s.log.Error("coord: shard set: etcd was replaced or restored, listing the members and candidates again", "err", err)
 					emit(s.opts.OnSignal, Signal{Kind: SignalEtcdReplaced, Key: s.opts.Prefix, Host: s.opts.Self, Err: err})
 				}
@@ -766,7 +767,7 @@ func (s *ShardSet) watchCandidates(rev int64, r *retry) error {
 			return err
 		}
 		*r = retry{}
-		s.heard(wr.Header, false)
+		s.heard(wr.Header, nil)
 		s.mu.Lock()
 		s.viewAtLocked(wr.Header.Revision)
 		// The members first, then each shard whose candidates changed:
@@ -797,8 +798,8 @@ func (s *ShardSet) watchCandidates(rev int64, r *retry) error {
 // heard takes in what h, an answer of etcd, says of it (linear: see
 // etcdMark.see): an etcd that replaced the one of our view has our view
 // forgotten, and listed again (see watchCandidates).
-func (s *ShardSet) heard(h *etcdserverpb.ResponseHeader, linear bool) {
-	if err := s.viewMark.replacedBy(h, linear); err != nil {
+func (s *ShardSet) heard(h *etcdserverpb.ResponseHeader, since *markAt) {
+	if err := s.viewMark.replacedBy(h, since); err != nil {
 		s.replaced.set(err)
 	}
 }
@@ -1078,12 +1079,16 @@ func (s *ShardSet) line(ctx context.Context, key string, linear bool) (map[strin
 	if !linear {
 		opts = append(opts, clientv3.WithSerializable())
 	}
+	var since *markAt
+	if linear {
+		since = s.viewMark.at()
+	}
 	cands := map[string]candidate{}
 	resp, err := s.cli.Get(ctx, key+"/", opts...)
 	if err != nil {
 		return cands, 0
 	}
-	s.heard(resp.Header, linear)
+	s.heard(resp.Header, since)
 	for _, kv := range resp.Kvs {
 		cands[string(kv.Key)] = candidate{host: string(kv.Value), rev: kv.CreateRevision}
 	}

@@ -249,11 +249,12 @@ func (s *ShardSet) announce(ctx context.Context, sess *session) error {
 	defer cancel()
 	ctx, cancelT := context.WithTimeout(ctx, sess.ttl)
 	defer cancelT()
+	since := s.viewMark.at()
 	resp, err := s.cli.Put(ctx, memberKey(s.opts.Prefix, s.opts.Self), string(val), clientv3.WithLease(sess.id))
 	if err != nil {
 		return fmt.Errorf("announce member: %w", err)
 	}
-	s.heard(resp.Header, true)
+	s.heard(resp.Header, since)
 	return nil
 }
 

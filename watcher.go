@@ -311,7 +311,7 @@ func (w *HostWatcher) follow(ctx, cctx context.Context, o *outbox, rev int64, r 
 			return true // the listing tells
 		case <-ctx.Done():
 		}
-		if ok && wr.Err() == nil && w.mark.replacedBy(wr.Header, false) != nil {
+		if ok && wr.Err() == nil && w.mark.replacedBy(wr.Header, nil) != nil {
 			return true // the listing tells
 		}
 		if !ok || wr.Err() != nil {
@@ -351,13 +351,14 @@ func (w *HostWatcher) probe(ctx context.Context, replaced chan<- struct{}) {
 			continue
 		}
 		pctx, cancel := context.WithTimeout(ctx, every)
+		since := w.mark.at()
 		resp, err := w.cli.Get(pctx, w.prefix)
 		cancel()
 		if err != nil {
 			sleep(ctx, every) // unanswered: ask again later
 			continue
 		}
-		if w.mark.replacedBy(resp.Header, true) != nil {
+		if w.mark.replacedBy(resp.Header, since) != nil {
 			replaced <- struct{}{}
 			return
 		}
@@ -428,11 +429,12 @@ type snapshot struct {
 // snapshot. It asks for the next page before it decodes one: etcd serves
 // it meanwhile.
 func (w *HostWatcher) list(ctx context.Context, limit int) (*snapshot, error) {
+	since := w.mark.at()
 	resp, err := w.page(ctx, w.prefix, 0, limit)
 	if err != nil {
 		return nil, err
 	}
-	if err := w.mark.see(resp.Header, true); err != nil {
+	if err := w.mark.see(resp.Header, since); err != nil {
 		w.etcdReplaced(err)
 	}
 	rev := resp.Header.Revision

@@ -25,11 +25,12 @@ import (
 // leadership, or a permit. Its ctx's cause says why it ended.
 type leadership struct {
 	key      string
-	rev      int64    // create revision of key: the fencing token
-	at       int64    // the revision from which it holds (our key stood then)
-	identity string   // what the term was gained as
-	lost     error    // what it wraps once lost: ErrLeadershipLost, ErrPermitLost
-	sess     *session // the session whose lease the key is attached to
+	rev      int64           // create revision of key: the fencing token
+	at       int64           // the revision from which it holds (our key stood then)
+	identity string          // what the term was gained as
+	lost     error           // what it wraps once lost: ErrLeadershipLost, ErrPermitLost
+	sess     *session        // the session whose lease the key is attached to
+	up       context.Context // the session's up context it started in (see keeper.upCtx)
 	ctx      context.Context
 	cancel   context.CancelCauseFunc
 }
@@ -42,21 +43,23 @@ var (
 
 // vocab is what a line's records and signals call its terms.
 type vocab struct {
-	ask    string     // what queues: "campaign"
-	holder string     // whose key holds: "leader"
-	term   string     // a term: "leadership"
-	gained string     // "leadership gained"
-	onGain SignalKind // emitted when a term starts
-	onEnd  SignalKind // emitted when a term ends
-	gone   error      // why a term whose key was deleted ended
-	lost   error      // what a term lost (not given up) wraps
+	ask     string     // what queues: "campaign"
+	holder  string     // whose key holds: "leader"
+	term    string     // a term: "leadership"
+	gained  string     // "leadership gained"
+	resumed string     // "leadership resumed"
+	onGain  SignalKind // emitted when a term starts
+	onBack  SignalKind // emitted when a term resumes
+	onEnd   SignalKind // emitted when a term ends
+	gone    error      // why a term whose key was deleted ended
+	lost    error      // what a term lost (not given up) wraps
 }
 
 var (
-	electionWords = &vocab{ask: "campaign", holder: "leader", term: "leadership", gained: "leadership gained",
-		onGain: SignalLeadershipGained, onEnd: SignalLeadershipLost, gone: errKeyDeleted, lost: ErrLeadershipLost}
-	permitWords = &vocab{ask: "acquire", holder: "permit", term: "permit", gained: "permit acquired",
-		onGain: SignalPermitAcquired, onEnd: SignalPermitReleased, gone: errPermitKeyDeleted, lost: ErrPermitLost}
+	electionWords = &vocab{ask: "campaign", holder: "leader", term: "leadership", gained: "leadership gained", resumed: "leadership resumed",
+		onGain: SignalLeadershipGained, onBack: SignalLeadershipResumed, onEnd: SignalLeadershipLost, gone: errKeyDeleted, lost: ErrLeadershipLost}
+	permitWords = &vocab{ask: "acquire", holder: "permit", term: "permit", gained: "permit acquired", resumed: "permit resumed",
+		onGain: SignalPermitAcquired, onBack: SignalPermitResumed, onEnd: SignalPermitReleased, gone: errPermitKeyDeleted, lost: ErrPermitLost}
 )
 
 // candidacy is our place in a line: it puts our candidate key, waits
@@ -77,6 +80,7 @@ type candidacy struct {
 	signal  func(Signal)
 	session func(context.Context) (*session, error) // the live session, started anew once one ended
 	mark    *etcdMark                               // its owner's: the etcd of its puts and reads
+	stepped *stepped                                // its owner's: terms whose keys a run may take back
 	held    func(*leadership)                       // if set, told of a term before it is announced
 	wg      *sync.WaitGroup                         // its owner's: counts the goroutines it starts
 
@@ -91,6 +95,7 @@ type candidacy struct {
 // Without wait, it makes one try and returns nil, nil when limit
 // candidates are ahead.
 func (c *candidacy) run(ctx context.Context, identity string, wait bool) (*leadership, error) {
+	defer c.stepped.begin()()
 	var r retry
 	for {
 		l, err := c.try(ctx, identity, wait)
@@ -113,7 +118,15 @@ func (c *candidacy) try(ctx context.Context, identity string, wait bool) (*leade
 	if err != nil {
 		return nil, err
 	}
-	key, rev, hdr, err := c.candidate(ctx, s, identity)
+	// Nothing is put on a lease etcd does not answer for: a put that
+	// times out would end the session, and the terms it may resume.
+	if !s.valid() {
+		c.log.Debug("coord: "+c.words.ask+" waits for its session's renewals to be answered", "lease", hexID(s.id))
+	}
+	if _, err := s.ready(ctx); err != nil {
+		return nil, err
+	}
+	key, rev, hdr, back, err := c.candidate(ctx, s, identity)
 	if err != nil {
 		return nil, err
 	}
@@ -122,7 +135,7 @@ func (c *candidacy) try(ctx context.Context, identity string, wait bool) (*leade
 	}
 	if err == nil && hdr != 0 {
 		var l *leadership
-		if l, err = c.takeLead(ctx, s, key, rev, hdr, identity); err == nil {
+		if l, err = c.takeLead(ctx, s, key, rev, hdr, identity, back); err == nil {
 			return l, nil
 		}
 	}
@@ -135,19 +148,25 @@ func (c *candidacy) try(ctx context.Context, identity string, wait bool) (*leade
 // than limit candidates are ahead of it (else 0): one round trip when
 // uncontended. A key of our lease already there (left by a program
 // sharing our lease, as etcd's concurrency package allows) is taken over
-// in the same transaction.
+// in the same transaction. So is the key of a term of ours that stepped
+// down on this session (see stepped): back reports that the put found it
+// with the term's create revision, which it keeps.
 //
 // The put is not bound to ctx: a put given up may still land, after any
 // delete sent meanwhile. When ctx ends first, it goes on in the
 // background, bounded by the TTL, and its key is taken back once its
 // fate is known (see unput).
-func (c *candidacy) candidate(ctx context.Context, s *session, identity string) (key string, rev, hdr int64, _ error) {
+func (c *candidacy) candidate(ctx context.Context, s *session, identity string) (key string, rev, hdr int64, back bool, _ error) {
 	key = c.prefix + hexID(s.id) + c.suffix
 	// A candidacy given up earlier is settled first (its put, or its
 	// withdrawal): its key is this one, and its delete must not take the
 	// key of this candidacy.
 	if !within(ctx, c.settling()) {
-		return "", 0, 0, ctx.Err()
+		return "", 0, 0, false, ctx.Err()
+	}
+	var was int64 // the token of the term taken back
+	if l := c.stepped.adopt(s); l != nil {
+		key, was = l.key, l.rev
 	}
 	since := c.mark.at()
 	res := c.put(s, key, identity)
@@ -157,16 +176,16 @@ func (c *candidacy) candidate(ctx context.Context, s *session, identity string) 
 	case <-ctx.Done():
 		k := key // key, a result, is cleared by the return
 		c.settle(func() { c.unput(s, k, <-res) })
-		return "", 0, 0, ctx.Err()
+		return "", 0, 0, false, ctx.Err()
 	}
 	switch {
 	case errors.Is(p.err, rpctypes.ErrLeaseNotFound):
 		// The lease expired before the session noticed.
 		s.end(fmt.Errorf("lease %x expired or revoked", int64(s.id)))
-		return "", 0, 0, fmt.Errorf("%w: session ended: %w", ErrLeadershipLost, s.Err())
+		return "", 0, 0, false, fmt.Errorf("%w: session ended: %w", ErrLeadershipLost, s.Err())
 	case p.err != nil:
 		c.unput(s, key, p)
-		return "", 0, 0, fmt.Errorf("put candidate key: %w", p.err)
+		return "", 0, 0, false, fmt.Errorf("put candidate key: %w", p.err)
 	}
 	c.heard(p.resp.Header, since)
 	rev = p.rev()
@@ -176,7 +195,7 @@ func (c *candidacy) candidate(ctx context.Context, s *session, identity string) 
 			hdr = p.resp.Header.Revision
 		}
 	}
-	return key, rev, hdr, nil
+	return key, rev, hdr, rev == was, nil
 }
 
 // heard takes in the header of a linearizable answer: an etcd that
@@ -421,33 +440,32 @@ func waitDelete(ctx context.Context, deletes clientv3.WatchChan, key string, rea
 	return 0, false
 }
 
-// takeLead makes us hold with our key at rev, from revision hdr on. A
-// session granted late is renewed first: we never hold on a lease we
-// cannot vouch for, and a term is never lost for want of a renewal that
-// was not tried.
-func (c *candidacy) takeLead(ctx context.Context, s *session, key string, rev, hdr int64, identity string) (*leadership, error) {
-	wctx, cancel := withCancelOn(ctx, s.ctx)
-	defer cancel()
-	for !s.valid() && wctx.Err() == nil {
-		c.log.Debug("coord: "+c.words.ask+" waits for its session's first renewal", "token", rev)
-		select {
-		case <-s.k.renewed():
-		case <-wctx.Done():
-		}
+// takeLead makes us hold with our key at rev, from revision hdr on (back:
+// again, see stepped). A session granted late is renewed first: we never
+// hold on a lease we cannot vouch for, and a term is never lost for want
+// of a renewal that was not tried. The term steps down when the session's
+// renewals go unanswered (its up context ends), before etcd can expire
+// the lease and let another hold.
+func (c *candidacy) takeLead(ctx context.Context, s *session, key string, rev, hdr int64, identity string, back bool) (*leadership, error) {
+	up, err := s.ready(ctx)
+	if err != nil {
+		return nil, err
 	}
 	lctx, end := context.WithCancelCause(s.ctx)
-	if !s.valid() {
-		end(nil)
-		return nil, fmt.Errorf("%w: session not renewed: %w", ErrLeadershipLost, context.Cause(wctx))
-	}
-	l := &leadership{key: key, rev: rev, at: hdr, identity: identity, lost: c.words.lost, sess: s, ctx: lctx, cancel: end}
+	stopDown := context.AfterFunc(up, func() { end(errUnanswered) })
+	l := &leadership{key: key, rev: rev, at: hdr, identity: identity, lost: c.words.lost, sess: s, up: up, ctx: lctx, cancel: end}
+	c.stepped.track(l)
 	if c.held != nil {
 		c.held(l)
 	}
 	c.wg.Add(1)
-	go c.monitor(l, hdr)
-	c.log.Info("coord: "+c.words.gained, "token", rev, "identity", identity)
-	emit(c.signal, Signal{Kind: c.words.onGain, Key: c.key, Identity: identity, Token: rev})
+	go c.monitor(l, hdr, stopDown)
+	what, kind := c.words.gained, c.words.onGain
+	if back {
+		what, kind = c.words.resumed, c.words.onBack
+	}
+	c.log.Info("coord: "+what, "token", rev, "identity", identity)
+	emit(c.signal, Signal{Kind: kind, Key: c.key, Identity: identity, Token: rev})
 	return l, nil
 }
 
@@ -514,11 +532,23 @@ func (c *candidacy) release(l *leadership, why error, verb string, err *error) <
 
 // monitor ends term l when its key is deleted or written off our lease;
 // the session's end, Resign, Release and Close end it through l.ctx.
-func (c *candidacy) monitor(l *leadership, rev int64) {
+func (c *candidacy) monitor(l *leadership, rev int64, stopDown func() bool) {
 	defer c.wg.Done()
-	// Emitted once l.ctx has ended: its cause is why.
+	// Emitted once l.ctx has ended: its cause is why. A term that stepped
+	// down leaves its key to a run that may take it back (see stepped);
+	// any other is over with its key.
 	defer func() {
+		stopDown()
 		emit(c.signal, Signal{Kind: c.words.onEnd, Key: c.key, Identity: l.identity, Token: l.rev, Err: termErr(l, false)})
+		if errors.Is(context.Cause(l.ctx), errUnanswered) {
+			c.wg.Add(1)
+			go func() {
+				defer c.wg.Done()
+				c.stepped.settle(c, l)
+			}()
+		} else {
+			c.stepped.untrack(l)
+		}
 	}()
 	wch := c.cli.Watch(clientv3.WithRequireLeader(l.ctx), l.key, clientv3.WithRev(rev+1))
 	var r retry

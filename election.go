@@ -84,7 +84,8 @@ func newElection(cli *clientv3.Client, key string, ttl time.Duration, identity s
 		turn:     make(chan struct{}, 1),
 	}
 	e.c = &candidacy{cli: cli, key: key, prefix: e.prefix, limit: 1, words: electionWords, log: e.log,
-		signal: signal, session: e.session, mark: mark, held: e.held, wg: &e.wg, unsettled: closedChan}
+		signal: signal, session: e.session, mark: mark, stepped: newStepped(ctx, &e.wg), held: e.held, wg: &e.wg,
+		unsettled: closedChan}
 	return e
 }
 
@@ -306,6 +307,9 @@ func (e *Election) Resign(ctx context.Context) error {
 	e.mu.Unlock()
 	ctx, cancel := e.bind(ctx)
 	defer cancel()
+	// A leadership that stepped down is not taken back: its key goes as
+	// soon as etcd answers.
+	e.c.stepped.giveUp(nil)
 	if pending != nil {
 		pending(ErrResigned)
 		// The withdrawn candidacy settles its key as the Campaign returns.

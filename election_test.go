@@ -592,15 +592,16 @@ func TestElectionCampaign(t *testing.T) {
 		old := etSession(b)
 		bKey := string(candidates(t, cli, etPrefix)[1].Key)
 		p.Blackhole()
-		waitClosed(t, old.ctx.Done(), "the cut-off session")
+		// etcd expires the lease, and the key with it.
+		etWaitCount(t, cli, bKey, 0)
 		select {
 		case r := <-res:
 			t.Fatalf("Campaign returned during the outage: %v", r.err)
 		default:
 		}
 		p.Unblackhole()
-		// The old key goes with its lease; b queues again on a new one.
-		etWaitCount(t, cli, bKey, 0)
+		// etcd says the lease is gone: b queues again on a new one.
+		waitClosed(t, old.ctx.Done(), "the cut-off session")
 		eventually(t, "queued again", func() bool { return len(candidates(t, cli, etPrefix)) == 2 })
 		etHandOver(t, a, b, res)
 	})
@@ -1675,7 +1676,7 @@ func TestElectionContract(t *testing.T) {
 		sent := <-granting
 		<-time.After(time.Until(sent.Add(2*ttl/3 + 100*time.Millisecond)))
 		p.Unpause()
-		tap.wait(t, "coord: campaign waits for its session's first renewal", 1)
+		tap.wait(t, "coord: campaign waits for its session's renewals to be answered", 1)
 		cancel()
 		cancelled := time.Now()
 		r := etWait(t, res)

@@ -97,8 +97,11 @@ func TestFaultEtcdRestart(t *testing.T) {
 			t.Fatal("the leader did not step down while etcd was down")
 		}
 		stepDown := (<-steppedDown).Sub(stopped)
-		// The outage itself: etcd stays down for one and a half TTLs.
-		time.Sleep(time.Until(stopped.Add(3 * ttl / 2)))
+		// The outage itself: etcd stays down for two registration TTLs,
+		// past the point where the leader's session, stepped down, gives
+		// up its lease (two election TTLs after its step-down): its
+		// Campaign then wins anew.
+		time.Sleep(time.Until(stopped.Add(2 * ttl)))
 		srv.Restart()
 		back := time.Now()
 		log.Info("TEST: etcd is back")

@@ -24,10 +24,12 @@ import (
 // the lease at least a TTL after it received the last request it answered,
 // so the lease is ours for sure until that request's send time + 2/3 TTL
 // (a third of the TTL is left as margin for etcd's expiry and clock rates).
-// Past that point the keeper is stale for good, whatever a try in flight
-// later says: a timer marks it, and valid checks again at each call, so
-// that a process paused past the point never acts on a lease it may have
-// lost.
+// Past that point the keeper is stale, whatever a try in flight later
+// says: a timer marks it, and valid checks again at each call, so that a
+// process paused past the point never acts on a lease it may have lost.
+// It goes on renewing: a renewal sent after it went stale and answered
+// (the lease lived on: etcd answers a lease it no longer has with TTL 0)
+// vouches for the lease again, from a new up context.
 type keeper struct {
 	cli *clientv3.Client
 	r   *renewer
@@ -38,17 +40,22 @@ type keeper struct {
 	cancel  context.CancelFunc
 	lost    context.Context // ended by run when the lease is gone for good (its cause says why), or by stop
 	endLost context.CancelCauseFunc
-	stale   chan struct{} // closed once renewals went unanswered for 2/3 of the TTL
 	done    chan struct{} // closed when run returns
 
 	mu       sync.Mutex
-	answered time.Time     // send time of the last request etcd answered
-	live     bool          // answered is recent enough to vouch for the lease
-	grace    time.Time     // while !live: when a late grant's first renewal is due an answer
-	isStale  bool          // stale is closed
-	fresh    chan struct{} // closed and replaced at each answer
-	timer    *time.Timer   // marks staleness on time
-	stopped  bool
+	answered time.Time // send time of the last request etcd answered
+	live     bool      // answered is recent enough to vouch for the lease
+	grace    time.Time // while !live: when a late grant's first renewal is due an answer
+	// up ends (cause errUnanswered) when renewals have gone unanswered
+	// for 2/3 of the TTL, or when the keeper stops; a new one starts when
+	// etcd answers a renewal sent after that.
+	up      context.Context
+	endUp   context.CancelCauseFunc
+	isStale bool          // up ended for want of answers
+	staleAt time.Time     // when it did: renewals sent since vouch for the lease again
+	fresh   chan struct{} // closed and replaced at each answer
+	timer   *time.Timer   // marks staleness on time
+	stopped bool
 }
 
 // startKeeper renews lease id, granted with ttl by a request sent at sent.
@@ -60,10 +67,11 @@ func startKeeper(cli *clientv3.Client, id clientv3.LeaseID, ttl time.Duration, s
 	now := time.Now()
 	k := &keeper{
 		cli: cli, r: acquireRenewer(cli), id: id, ttl: ttl, log: log, cancel: cancel,
-		stale: make(chan struct{}), done: make(chan struct{}), fresh: make(chan struct{}),
+		done: make(chan struct{}), fresh: make(chan struct{}),
 		answered: sent, live: now.Before(sent.Add(2 * ttl / 3)), grace: now.Add(ttl / 3),
 	}
 	k.lost, k.endLost = context.WithCancelCause(context.Background())
+	k.up, k.endUp = context.WithCancelCause(context.Background())
 	k.mu.Lock()
 	k.timer = time.AfterFunc(time.Until(k.deadlineLocked()), k.checkStale)
 	k.mu.Unlock()
@@ -79,6 +87,7 @@ func (k *keeper) stop() {
 	k.mu.Lock()
 	k.stopped = true
 	k.timer.Stop()
+	k.endUp(nil)
 	k.mu.Unlock()
 	k.endLost(nil)
 }
@@ -129,6 +138,14 @@ func (k *keeper) answer(sent time.Time) {
 		k.markStaleLocked()
 	}
 	k.answered, k.live = sent, true
+	if k.isStale && !sent.Before(k.staleAt) && !k.stopped {
+		// Sent once stale, and answered: the lease lived on, and is
+		// vouched for again, from a new up.
+		k.isStale = false
+		k.up, k.endUp = context.WithCancelCause(context.Background())
+		k.timer.Reset(time.Until(k.deadlineLocked()))
+		k.log.Info("coord: lease renewals answered again", "lease", hexID(k.id), "ttl", k.ttl)
+	}
 	close(k.fresh)
 	k.fresh = make(chan struct{})
 }
@@ -169,6 +186,25 @@ func (k *keeper) lapsedLocked() bool {
 	return k.isStale
 }
 
+// vouch returns the up context (see upCtx) if the lease is vouched for
+// now (see valid), else nil: both judged at once.
+func (k *keeper) vouch() context.Context {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.lapsedLocked() || !k.live {
+		return nil
+	}
+	return k.up
+}
+
+// upCtx returns the context that ends when the lease can no longer be
+// vouched for (cause errUnanswered), or when the keeper stops.
+func (k *keeper) upCtx() context.Context {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.up
+}
+
 // renewed returns a channel closed at the next answer.
 func (k *keeper) renewed() <-chan struct{} {
 	k.mu.Lock()
@@ -187,9 +223,9 @@ func (k *keeper) markStaleLocked() {
 	if k.isStale || k.stopped {
 		return
 	}
-	k.isStale = true
+	k.isStale, k.staleAt = true, time.Now()
 	k.log.Warn("coord: lease renewals unanswered", "lease", hexID(k.id), "ttl", k.ttl)
-	close(k.stale)
+	k.endUp(errUnanswered)
 }
 
 // renewer renews, over one long-lived LeaseKeepAlive stream of a client,
@@ -386,10 +422,15 @@ func revoke(ctx context.Context, cli *clientv3.Client, id clientv3.LeaseID, ttl 
 }
 
 // session is an election's lease. It ends when etcd says the lease is gone,
-// when renewals go unanswered for 2/3 of the TTL (so that a leader cut off
-// steps down before etcd can elect another), or when its parent ends; then
-// it revokes the lease, retrying until etcd answers, so that its keys go.
-// Its ctx's cause says why it ended.
+// or when its parent ends; then it revokes the lease, retrying until etcd
+// answers, so that its keys go. Its ctx's cause says why it ended. When
+// renewals go unanswered for 2/3 of the TTL, its terms step down (so that
+// a leader cut off steps down before etcd can elect another: see
+// takeLead), but the session lives on for two TTLs more: its keys may be
+// taken back once etcd answers again (see stepped), after an etcd leader
+// change or a cut shorter than the lease. Then it ends: a link slow
+// enough that no renewal is answered in time may still carry them to
+// etcd, and keep a lease alive that nobody can use, with its keys.
 type session struct {
 	cli *clientv3.Client
 	id  clientv3.LeaseID
@@ -402,7 +443,8 @@ type session struct {
 	cancel context.CancelCauseFunc
 }
 
-// errUnanswered is why a session whose renewals went unanswered ended.
+// errUnanswered is why a term whose session's renewals went unanswered
+// ended.
 var errUnanswered = errors.New("lease renewals unanswered")
 
 // startSession grants a lease and keeps it until parent ends; wg counts
@@ -461,12 +503,8 @@ func startSession(ctx, parent context.Context, cli *clientv3.Client, ttl time.Du
 
 func (s *session) run(wg *sync.WaitGroup) {
 	defer wg.Done()
-	select {
-	case <-s.k.lost.Done():
-		s.end(context.Cause(s.k.lost))
-	case <-s.k.stale:
-		s.end(errUnanswered)
-	case <-s.ctx.Done():
+	if err := s.hold(); err != nil {
+		s.end(err)
 	}
 	s.k.stop()
 	var r retry
@@ -483,6 +521,35 @@ func (s *session) run(wg *sync.WaitGroup) {
 	}
 }
 
+// hold waits until the session ends, and returns why if it ended by
+// itself: the lease gone, or renewals unanswered for two TTLs after a
+// step-down (measured, as the step-down, from the last answered renewal).
+func (s *session) hold() error {
+	for {
+		select {
+		case <-s.k.lost.Done():
+			return context.Cause(s.k.lost)
+		case <-s.ctx.Done():
+			return nil
+		case <-s.k.upCtx().Done():
+		}
+		s.log.Debug("coord: session stepped down, its lease kept for two TTLs for etcd to answer again")
+		giveUp := time.NewTimer(time.Until(s.k.lastAnswer().Add(2*s.ttl/3 + 2*s.ttl)))
+		for s.k.vouch() == nil {
+			select {
+			case <-s.k.renewed():
+			case <-giveUp.C:
+				return errUnanswered
+			case <-s.k.lost.Done():
+				return context.Cause(s.k.lost)
+			case <-s.ctx.Done():
+				return nil
+			}
+		}
+		giveUp.Stop()
+	}
+}
+
 // end ends the session, recording why (the first reason wins).
 func (s *session) end(err error) { s.cancel(err) }
 
@@ -492,6 +559,27 @@ func (s *session) Err() error { return context.Cause(s.ctx) }
 // valid reports whether the session lives and its lease is vouched for
 // now (see keeper.valid).
 func (s *session) valid() bool { return s.ctx.Err() == nil && s.k.valid() }
+
+// ready waits until the session's lease is vouched for (see keeper.valid),
+// and returns the keeper's up context then (see keeper.upCtx): a session
+// granted late, or whose renewals went unanswered, waits for etcd to
+// answer one. It returns an error if the session ends first, or ctx does.
+func (s *session) ready(ctx context.Context) (context.Context, error) {
+	for {
+		if s.ctx.Err() == nil {
+			if up := s.k.vouch(); up != nil {
+				return up, nil
+			}
+		}
+		select {
+		case <-s.k.renewed():
+		case <-s.ctx.Done():
+			return nil, fmt.Errorf("%w: session ended: %w", ErrLeadershipLost, s.Err())
+		case <-ctx.Done():
+			return nil, fmt.Errorf("wait for the session's renewals to be answered: %w", ctx.Err())
+		}
+	}
+}
 
 // hexID formats a lease ID as etcd tools do.
 func hexID(id clientv3.LeaseID) string { return fmt.Sprintf("%x", int64(id)) }

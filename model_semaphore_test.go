@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -179,11 +180,17 @@ func (a *mdAgent) release() string {
 	return fmt.Sprintf("released token %d", mp.p.Token())
 }
 
+// mdPermitWriters numbers the permit writers.
+var mdPermitWriters atomic.Int64
+
 // startPermitWriter writes to the log under p's Guard until p ends, then
 // once more: that last write must be refused.
 func (a *mdAgent) startPermitWriter(p *Permit) *mdPermit {
 	mp := &mdPermit{p: p, done: make(chan struct{})}
 	cli, ident, token, guard := a.cli, a.ident, p.Token(), p.Guard()
+	// A permit resumed has the token of the one that stepped down: each
+	// writer's entries are its own.
+	writer := mdPermitWriters.Add(1)
 	r := rand.New(rand.NewPCG(a.m.cfg.seed, uint64(token)))
 	go func() {
 		defer close(mp.done)
@@ -194,7 +201,7 @@ func (a *mdAgent) startPermitWriter(p *Permit) *mdPermit {
 				ended = true
 			case <-time.After(10*time.Millisecond + time.Duration(r.Int64N(int64(40*time.Millisecond)))):
 			}
-			a.m.semWrite(cli, ident, token, guard, n)
+			a.m.semWrite(cli, ident, token, guard, writer, n)
 			if ended {
 				return
 			}
@@ -205,10 +212,10 @@ func (a *mdAgent) startPermitWriter(p *Permit) *mdPermit {
 
 // semWrite writes entry n of a permit's log under guard, and checks that
 // a write etcd took was made while the permit was among the first Limit.
-func (m *model) semWrite(cli *clientv3.Client, ident string, token int64, guard clientv3.Cmp, n int) {
+func (m *model) semWrite(cli *clientv3.Client, ident string, token int64, guard clientv3.Cmp, writer int64, n int) {
 	wctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 	defer cancel()
-	key := fmt.Sprintf("%s%d/%06d", mdSemLog, token, n)
+	key := fmt.Sprintf("%s%d/%d/%06d", mdSemLog, token, writer, n)
 	resp, err := cli.Txn(wctx).If(guard).
 		Then(clientv3.OpPut(key, fmt.Sprintf("%s %d", ident, token)),
 			clientv3.OpGet(mdSemPrefix, top(mdSemLimit, clientv3.SortAscend)...)).Commit()

@@ -35,6 +35,7 @@ type Semaphore struct {
 	log      *slog.Logger
 	signal   func(Signal)
 	mark     etcdMark // the etcd of its candidacies' answers
+	stepped  *stepped // permits that may be taken back after a step-down
 
 	ctx    context.Context // ended by Close, with cause ErrClosed
 	cancel context.CancelCauseFunc
@@ -88,6 +89,7 @@ func NewSemaphore(ctx context.Context, cli *clientv3.Client, opts SemaphoreOptio
 	s := &Semaphore{cli: cli, key: opts.Key, prefix: opts.Key + "/", limit: opts.Limit, ttl: ttl,
 		identity: identityOrDefault(opts.Identity), log: logger(opts.Logger).With("key", opts.Key),
 		signal: opts.OnSignal, ctx: sctx, cancel: cancel}
+	s.stepped = newStepped(sctx, &s.wg)
 	err = s.storeLimit(ctx)
 	if err == nil {
 		_, err = s.session(ctx)
@@ -207,7 +209,7 @@ func (s *Semaphore) acquire(ctx context.Context, wait bool) (*Permit, error) {
 	defer cancel()
 	c := &candidacy{cli: s.cli, key: s.key, prefix: s.prefix, suffix: fmt.Sprintf("-%d", s.n.Add(1)),
 		limit: int64(s.limit), words: permitWords, log: s.log, signal: s.signal, session: s.session, mark: &s.mark,
-		wg: &s.wg, unsettled: closedChan}
+		stepped: s.stepped, wg: &s.wg, unsettled: closedChan}
 	l, err := c.run(actx, s.identity, wait)
 	switch {
 	case err != nil:
@@ -312,6 +314,9 @@ func (p *Permit) Release(ctx context.Context) error {
 	defer s.calls.Done()
 	ctx, cancel := withCancelOn(ctx, s.ctx)
 	defer cancel()
+	// A permit that stepped down is not taken back: its key goes as soon
+	// as etcd answers.
+	s.stepped.giveUp(p.l)
 	settled := p.c.settling()
 	var err error
 	if l := p.l; l.ctx.Err() == nil {

@@ -333,11 +333,12 @@ func TestSemaphore(t *testing.T) {
 		old := etSemSession(b)
 		bKey := string(candidates(t, cli, smPrefix)[1].Key)
 		px.Blackhole()
-		waitClosed(t, old.ctx.Done(), "the cut-off session")
+		// etcd expires the lease, and the key with it.
+		etWaitCount(t, cli, bKey, 0)
 		smWaiting(t, res)
 		px.Unblackhole()
-		// The old key goes with its lease; b queues again on a new one.
-		etWaitCount(t, cli, bKey, 0)
+		// etcd says the lease is gone: b queues again on a new one.
+		waitClosed(t, old.ctx.Done(), "the cut-off session")
 		eventually(t, "queued again", func() bool { return len(candidates(t, cli, smPrefix)) == 2 })
 		smRelease(t, cli, p)
 		if q := smGot(t, res).p; q.l.sess == old {

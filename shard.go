@@ -934,6 +934,10 @@ func (s *ShardSet) work(w *shardWorker) {
 		// and the pool is closed after the workers): the next beginTerm
 		// sees why.
 		if e, err := s.pool.Election(term, w.key); err == nil {
+			// Every campaign of the term takes back an ownership that
+			// stepped down (see stepped), pending or not when etcd
+			// answers again.
+			e.c.stepped.keep = true
 			s.serve(w, e, term)
 			e.Close()
 		}
@@ -965,10 +969,13 @@ func (s *ShardSet) serve(w *shardWorker, e *Election, term context.Context) {
 		if err == nil {
 			err = s.hold(w, e, term)
 			// Resign, not Close: we may queue again. Bounded on its own:
-			// a resign cut short goes on in the background.
-			ctx, cancel := context.WithTimeout(context.Background(), s.opts.TTL)
-			w.log.Debug("coord: shard resigned", "err", e.Resign(ctx))
-			cancel()
+			// a resign cut short goes on in the background. Not after a
+			// step-down: the next campaign takes the shard back.
+			if !errors.Is(e.Err(), errUnanswered) {
+				ctx, cancel := context.WithTimeout(context.Background(), s.opts.TTL)
+				w.log.Debug("coord: shard resigned", "err", e.Resign(ctx))
+				cancel()
+			}
 			s.mu.Lock()
 			s.endHandLocked(w)
 			s.mu.Unlock()

@@ -66,11 +66,20 @@ const (
 	// of its first campaign or acquire to hear it) queues again there,
 	// its tokens started over.
 	SignalEtcdReplaced
+	// SignalLeadershipResumed: we lead election Key as Identity again,
+	// with the same fencing Token, after a step-down for unanswered
+	// renewals: the lease and our key lived on (see Election.Campaign).
+	SignalLeadershipResumed
+	// SignalPermitResumed: we hold a permit of semaphore Key as Identity
+	// again, with the same fencing Token, after a step-down for
+	// unanswered renewals (see Semaphore.Acquire).
+	SignalPermitResumed
 )
 
 var signalNames = [...]string{"registered", "heal-attempt", "registration-ended",
 	"leadership-gained", "leadership-lost", "watcher-resync", "event-delivered",
-	"shard-acquired", "shard-released", "watcher-listing-compacted", "permit-acquired", "permit-released", "etcd-replaced"}
+	"shard-acquired", "shard-released", "watcher-listing-compacted", "permit-acquired", "permit-released", "etcd-replaced",
+	"leadership-resumed", "permit-resumed"}
 
 // String returns the signal kind's name, e.g. "leadership-lost".
 func (k SignalKind) String() string {

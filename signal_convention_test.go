@@ -24,7 +24,7 @@ var (
 	sigHostKinds = []SignalKind{SignalRegistered, SignalHealAttempt, SignalRegistrationEnded,
 		SignalEventDelivered, SignalShardAcquired, SignalShardReleased}
 	sigTermKinds = []SignalKind{SignalLeadershipGained, SignalLeadershipLost, SignalShardAcquired,
-		SignalShardReleased, SignalPermitAcquired, SignalPermitReleased}
+		SignalShardReleased, SignalPermitAcquired, SignalPermitReleased, SignalLeadershipResumed, SignalPermitResumed}
 	sigShardKinds = []SignalKind{SignalShardAcquired, SignalShardReleased}
 	sigEndKinds   = []SignalKind{SignalHealAttempt, SignalRegistrationEnded, SignalLeadershipLost,
 		SignalShardReleased, SignalPermitReleased, SignalEtcdReplaced}
@@ -39,7 +39,8 @@ func TestSignalConvention(t *testing.T) {
 		{SignalEventDelivered, sigEventDelivered}, {SignalShardAcquired, sigShardAcquired},
 		{SignalShardReleased, sigShardReleased}, {SignalWatcherListingCompacted, sigListingCompacted},
 		{SignalPermitAcquired, sigPermitAcquired}, {SignalPermitReleased, sigPermitReleased},
-		{SignalEtcdReplaced, sigEtcdReplaced},
+		{SignalEtcdReplaced, sigEtcdReplaced}, {SignalLeadershipResumed, sigLeadershipResumed},
+		{SignalPermitResumed, sigPermitResumed},
 	} {
 		cases[c.kind] = c
 	}
@@ -258,6 +259,35 @@ func sigEtcdReplaced(t *testing.T, s *signals) (Signal, Signal) {
 	untilSynced(t, w)
 	srv.Replace()
 	return s.waitFor(t, SignalEtcdReplaced, 1), Signal{Kind: SignalEtcdReplaced, Key: prefix, Err: errEtcdReplaced}
+}
+
+// sigLeadershipResumed cuts the leader off until it steps down, and has
+// it campaign again as etcd answers again.
+func sigLeadershipResumed(t *testing.T, s *signals) (Signal, Signal) {
+	srv, _ := newEtcd(t)
+	p := srv.NewProxy(t)
+	t.Cleanup(p.Unpause)
+	e := etElection(t, p.NewClient(t), ElectionOptions{Key: "/coord/elections/x", TTL: rsTTL(), OnSignal: s.hook})
+	etCampaign(t, e, "node-1")
+	token := e.Token()
+	var again <-chan etResult
+	rsCut(t, p, e.Done(), func() { again = etCampaignAsync(testCtx(t), e, "node-1") })
+	etWait(t, again)
+	return s.waitFor(t, SignalLeadershipResumed, 1), Signal{Kind: SignalLeadershipResumed, Key: "/coord/elections/x", Identity: "node-1", Token: token}
+}
+
+// sigPermitResumed cuts the holder off until its permit steps down, and
+// has it acquire again as etcd answers again.
+func sigPermitResumed(t *testing.T, s *signals) (Signal, Signal) {
+	srv, _ := newEtcd(t)
+	p := srv.NewProxy(t)
+	t.Cleanup(p.Unpause)
+	sem := smSemaphore(t, p.NewClient(t), SemaphoreOptions{Identity: "node-1", TTL: rsTTL(), OnSignal: s.hook})
+	held := smAcquire(t, sem)
+	var again <-chan smResult
+	rsCut(t, p, held.Done(), func() { again = smAcquireAsync(testCtx(t), sem) })
+	smGot(t, again)
+	return s.waitFor(t, SignalPermitResumed, 1), Signal{Kind: SignalPermitResumed, Key: smKey, Identity: "node-1", Token: held.Token()}
 }
 
 func sigPermitAcquired(t *testing.T, s *signals) (Signal, Signal) {

@@ -94,12 +94,13 @@ func TestSignals(t *testing.T) {
 	})
 	t.Run("kinds have names", func(t *testing.T) {
 		var names []string
-		for k := SignalRegistered; k <= SignalEtcdReplaced+1; k++ {
+		for k := SignalRegistered; k <= SignalPermitResumed+1; k++ {
 			names = append(names, k.String())
 		}
 		want := []string{"registered", "heal-attempt", "registration-ended", "leadership-gained",
 			"leadership-lost", "watcher-resync", "event-delivered", "shard-acquired", "shard-released",
-			"watcher-listing-compacted", "permit-acquired", "permit-released", "etcd-replaced", "SignalKind(13)"}
+			"watcher-listing-compacted", "permit-acquired", "permit-released", "etcd-replaced",
+			"leadership-resumed", "permit-resumed", "SignalKind(15)"}
 		if !slices.Equal(names, want) || SignalKind(-1).String() != "SignalKind(-1)" {
 			t.Fatalf("names %v", names)
 		}

@@ -606,11 +606,10 @@ func (tap *sdTap) answerAfter(t *testing.T, since time.Time) time.Time {
 
 func TestElectionStepDownKeyRemoved(t *testing.T) {
 	t.Parallel() // long and bound by waits: see "Parallel tests" in helpers_test.go
-	// The leader's member loses its peers: no leader, renewals and the
-	// revoke after the step-down unanswered. Once raft has a leader
-	// again, the key goes with a revoke tried again, as soon as etcd
-	// answers: not with the lease, which the new leader gives a full
-	// TTL.
+	// The leader's member loses its peers: no leader, renewals after the
+	// step-down unanswered. Once raft has a leader again, the key goes as
+	// soon as etcd answers a renewal (no Campaign is pending to take it
+	// back): not with the lease, which the new leader gives a full TTL.
 	c := coordtest.NewCluster(t, 3)
 	ctx := testCtx(t)
 	ms := c.Members()
@@ -627,8 +626,8 @@ func TestElectionStepDownKeyRemoved(t *testing.T) {
 		}
 	}
 	waitClosed(t, a.Done(), "the leader's Done")
-	// A revoke try has failed: the key goes with one after it.
-	tap.wait(t, "coord: session lease not revoked, trying again", 1)
+	// A renewal tried since has failed: the key goes after one answered.
+	tap.wait(t, "coord: lease renewal failed", tap.count("coord: lease renewal failed")+1)
 	for _, m := range ms {
 		if m != via {
 			m.Heal()

@@ -469,6 +469,9 @@ func (m *model) run() {
 	m.t.Logf("leadership: %d terms, %d fenced writes under %d tokens (%d attempted writes succeeded), longest overlap %v",
 		terms, writes, tokens, m.writes.Load(), longest)
 	m.t.Logf("overlaps: %d; terms and permits ended by an outside range delete: %d", overlaps, m.takenByDeletes())
+	m.ring.mu.Lock()
+	m.t.Logf("resumed after a step-down: %v", m.ring.resumed)
+	m.ring.mu.Unlock()
 	m.sem.mu.Lock()
 	permits, attempted := len(m.sem.terms), m.sem.writes
 	m.sem.mu.Unlock()
@@ -539,14 +542,24 @@ func (m *model) step(step int) {
 	case mdCutLeader:
 		// Cut whoever believes it leads for longer than the TTL while three
 		// others campaign: the old leader must step down before any of
-		// them can win.
+		// them can win. Or, half the time, for less than the TTL while it
+		// campaigns again too: it may then resume, same token, if its
+		// lease lived on.
 		d := mdTTL + time.Duration(m.rng.Int64N(int64(1500*time.Millisecond)))
+		short := m.rng.IntN(2) == 0
+		if short {
+			d = mdTTL/2 + time.Duration(m.rng.Int64N(int64(mdTTL*2/5)))
+		}
 		l := m.link()
 		others := m.rng.Perm(len(m.agents))
 		wait := mdTTL + time.Duration(m.rng.Int64N(int64(2*time.Second)))
 		for _, ag := range m.agents {
 			if e := ag.shared.Load(); e != nil && e.IsLeader() {
 				m.cut(ag.px, ag.id+" (leader)", d, l)
+				if short {
+					m.dispatch(ag, fmt.Sprintf("campaign again once stepped down, within %v", wait.Round(time.Millisecond)),
+						func(a *mdAgent) string { return a.campaignAgain(wait) })
+				}
 				break
 			}
 		}
@@ -1516,6 +1529,20 @@ func (a *mdAgent) campaign(d time.Duration, try bool) string {
 	return "someone else leads"
 }
 
+// campaignAgain waits until our leadership ends (a step-down), within d,
+// then campaigns within d.
+func (a *mdAgent) campaignAgain(d time.Duration) string {
+	if a.elec == nil {
+		return "not in the election"
+	}
+	select {
+	case <-a.elec.Done():
+	case <-time.After(d):
+		return "leads on"
+	}
+	return a.campaign(d, false)
+}
+
 func (a *mdAgent) resign() string {
 	if a.elec == nil {
 		return "not in the election"
@@ -1810,9 +1837,12 @@ type mdRing struct {
 	buf  []string
 	next int
 	full bool
+	// resumed counts the terms taken back after a step-down, by the
+	// record that says so.
+	resumed map[string]int
 }
 
-func newMdRing(n int) *mdRing { return &mdRing{buf: make([]string, n)} }
+func newMdRing(n int) *mdRing { return &mdRing{buf: make([]string, n), resumed: map[string]int{}} }
 
 func (r *mdRing) add(s string) {
 	r.mu.Lock()
@@ -1871,6 +1901,11 @@ func (h *mdHandler) Handle(_ context.Context, r slog.Record) error {
 		return true
 	})
 	h.ring.add(b.String())
+	if r.Message == "coord: leadership resumed" || r.Message == "coord: permit resumed" {
+		h.ring.mu.Lock()
+		h.ring.resumed[strings.TrimPrefix(r.Message, "coord: ")]++
+		h.ring.mu.Unlock()
+	}
 	return nil
 }
 

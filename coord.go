@@ -56,7 +56,9 @@
 //     then silent, slow answers) and even if the process was paused: IsLeader
 //     is judged at the call on the monotonic clock. Fencing tokens of
 //     successive leaders strictly increase; Guard turns that into a Txn
-//     condition.
+//     condition. A leader that stepped down, its lease and key alive, is
+//     still the one ahead in etcd: a Campaign pending when etcd answers
+//     again resumes it with the same token, and nobody led in between.
 //   - Never more than Limit permits of a semaphore are held at once, by the
 //     same rule: a permit cut off from etcd ends before etcd can expire it.
 //   - Every call given a ctx returns within it; cleanup that must outlive it

@@ -151,8 +151,13 @@ func (e *Election) current() *leadership {
 // identity and returns nil.
 //
 // It waits through etcd outages: a candidacy whose session ends (expired,
-// revoked, renewals unanswered) starts a new session and queues again, for
-// as long as ctx lasts. It returns nil only when we lead on a live session,
+// revoked, renewals unanswered for two TTLs) starts a new session and
+// queues again, for as long as ctx lasts. After a step-down for unanswered
+// renewals, a Campaign pending when etcd answers again resumes the
+// leadership if its key still stands on its live lease: same key, same
+// Token, a new Done, SignalLeadershipResumed. Nobody else can have led
+// meanwhile: the candidates behind wait for that key's delete. (Without a
+// pending Campaign, the key is deleted as soon as etcd answers.) It returns nil only when we lead on a live session,
 // and an error only when ctx ends (errors.Is(err, ctx.Err()) holds), on
 // Resign (ErrResigned), Close (ErrClosed), a closed client
 // (ErrClientClosed), or a refusal that retrying cannot pass (permission
@@ -283,7 +288,8 @@ func (e *Election) proclaim(ctx context.Context, l *leadership, identity string)
 
 // Resign gives up leadership, so that another candidate can lead, and
 // withdraws a pending Campaign of this Election (which returns an error
-// wrapping ErrResigned). Our leadership ends at once (Done closes, Err
+// wrapping ErrResigned). A leadership that stepped down is given up too:
+// its key is deleted as soon as etcd answers, never resumed. Our leadership ends at once (Done closes, Err
 // wraps ErrResigned). Resign returns nil once our key is gone from etcd;
 // if etcd cannot be told within ctx, it returns ctx's error and the delete
 // goes on in the background, bounded by the TTL. Should that fail too, the
@@ -484,7 +490,8 @@ func (e *Election) IsLeader() bool { return e.current() != nil }
 
 // Done returns a channel closed when the current leadership ends: Resign,
 // session expiry or renewals unanswered for 2/3 of the TTL (measured from
-// the last answered renewal), leader key deleted, Close. When we do not
+// the last answered renewal; a Campaign may resume it, with a new Done),
+// leader key deleted, Close. When we do not
 // lead it returns a closed channel.
 func (e *Election) Done() <-chan struct{} {
 	if l := e.current(); l != nil {

@@ -176,8 +176,11 @@ func (s *Semaphore) callErr(ctx context.Context, what string, err error) error {
 // Acquire waits for a permit, first come, first served, and returns it.
 //
 // It waits through etcd outages: a wait whose session ends (expired,
-// revoked, renewals unanswered) starts a new session and queues again,
-// for as long as ctx lasts. It returns a permit only when it is held on a
+// revoked, renewals unanswered for two TTLs) starts a new session and
+// queues again, for as long as ctx lasts. After a permit of this
+// Semaphore stepped down for unanswered renewals, an Acquire pending when
+// etcd answers again resumes it if its key still stands on its live
+// lease: a new Permit with the same key and Token, SignalPermitResumed. It returns a permit only when it is held on a
 // live session, and an error only when ctx ends (errors.Is(err,
 // ctx.Err()) holds), on Close (ErrClosed), a closed client
 // (ErrClientClosed), or a refusal that retrying cannot pass (permission
@@ -303,7 +306,8 @@ func (p *Permit) Err() error { return termErr(p.l, p.held()) }
 // bounded by the TTL; should that fail too, the session ends, so that
 // the key goes with its lease as soon as etcd answers. A permit that
 // ended already returns nil once what its Release started is settled
-// (a permit lost takes its key with its session).
+// (a permit lost takes its key with its session); one that stepped down
+// is not resumed: its key is deleted as soon as etcd answers.
 func (p *Permit) Release(ctx context.Context) error {
 	s := p.s
 	if ctx.Err() != nil || s.cli.Ctx().Err() != nil || !s.enter() {

@@ -42,7 +42,11 @@ import (
 // handoff; it never preempts. We take over at most MaxMoves shards at
 // once from another live member (a shard without an owner is taken at
 // once), and hand over at most MaxMoves at once. A Run that returns before its ctx ends gives the shard up the
-// same way; we queue again after a pause.
+// same way; we queue again after a pause. A leadership that stepped down
+// for unanswered renewals (ErrLeadershipLost: an etcd leader change, a
+// cut) is not given up: the next campaign takes the shard back with the
+// same token once etcd answers again, if the lease lived on, and Run runs
+// again.
 //
 // Decisions are taken on complete views only: nothing is campaigned for
 // before the live hosts, the members and the candidates are all read.

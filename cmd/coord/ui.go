@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	_ "embed"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -12,6 +14,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -31,12 +34,36 @@ var uiPageHTML string
 
 var uiPage = template.Must(template.New("ui").Parse(uiPageHTML))
 
+// uiCSP is the page's Content-Security-Policy: its one script and its one
+// style, by hash, run and apply; nothing else, inline or fetched, does.
+// Neither holds a template action, so they are the same on every page
+// served: hashed as served (the template drops their comments).
+var uiCSP = func() string {
+	var b bytes.Buffer
+	if err := uiPage.Execute(&b, map[string]any{"View": uiView{}}); err != nil {
+		panic(err)
+	}
+	page := b.String()
+	return "default-src 'none'; script-src " + inlineHash(page, "<script>", "</script>") +
+		"; style-src " + inlineHash(page, "<style>", "</style>") + "; connect-src 'self'; img-src 'self'"
+}()
+
+// inlineHash returns the CSP source of the text between the first open
+// and close tags of page: 'sha256-...'.
+func inlineHash(page, open, close string) string {
+	_, rest, _ := strings.Cut(page, open)
+	body, _, _ := strings.Cut(rest, close)
+	sum := sha256.Sum256([]byte(body))
+	return "'sha256-" + base64.StdEncoding.EncodeToString(sum[:]) + "'"
+}
+
 // uiConfig is what coord ui shows.
 type uiConfig struct {
 	endpoints                                          string // shown on the page
 	hostsPrefix, electionsPrefix, shardsPrefix, semPfx string
 	logger                                             *slog.Logger // the host watcher's
 	onViewer                                           func()       // if set, called as a page follows /events
+	allowHosts                                         []string     // host names a request's Host may be, besides addresses and localhost
 }
 
 func cmdUI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -48,15 +75,24 @@ with weight, zone and drain, moves in flight) and the semaphores under
 --semaphores (holders, waiters). The first response holds the whole state
 (it reads without JavaScript, and with curl); the page then follows
 /events (server-sent events, the state as JSON at each change); /state
-is the state as JSON. It only reads etcd, until interrupted.`, true)
+is the state as JSON. It only reads etcd, until interrupted. A request
+whose Host header is a name (not an address, not localhost) is refused
+unless --allow-host lists it: a page of the fleet is not served to
+another site's script through DNS rebinding.`, true)
 	c.conn.registerPrefix(c.FlagSet)
 	listen := c.String("listen", "127.0.0.1:8080", "`address` to serve the page on")
 	cfg := uiConfig{}
 	c.StringVar(&cfg.electionsPrefix, "elections", "/coord/elections/", "etcd `prefix` of the elections shown; ends in /")
 	c.StringVar(&cfg.shardsPrefix, "shards", coord.ShardsPrefix, "etcd `prefix` of the shard set shown; ends in /")
 	c.StringVar(&cfg.semPfx, "semaphores", "/coord/semaphores/", "etcd `prefix` of the semaphores shown; ends in /")
+	allow := c.String("allow-host", "", "comma-separated host `names` the page may be reached by (besides addresses and localhost)")
 	if _, err := c.parse(args, stdout, 0); err != nil {
 		return err
+	}
+	for _, h := range strings.Split(*allow, ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			cfg.allowHosts = append(cfg.allowHosts, strings.ToLower(h))
+		}
 	}
 	for flag, p := range map[string]string{"elections": cfg.electionsPrefix, "shards": cfg.shardsPrefix, "semaphores": cfg.semPfx} {
 		if !strings.HasSuffix(p, "/") {
@@ -173,7 +209,29 @@ func (u *uiServer) handler() http.Handler {
 	mux.HandleFunc("GET /{$}", u.page)
 	mux.HandleFunc("GET /events", u.events)
 	mux.HandleFunc("GET /state", u.state)
-	return mux
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !u.hostAllowed(r.Host) {
+			http.Error(w, fmt.Sprintf("coord ui: Host %q not allowed (see --allow-host)", r.Host), http.StatusMisdirectedRequest)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// hostAllowed reports whether a request whose Host header is host may be
+// served: an IP address, localhost, or a name of --allow-host. A page of
+// another site whose name was made to resolve to us (DNS rebinding) sends
+// its own name, and is refused.
+func (u *uiServer) hostAllowed(host string) bool {
+	name, _, err := net.SplitHostPort(host)
+	if err != nil {
+		name = host // no port
+	}
+	name = strings.ToLower(strings.TrimSuffix(strings.TrimPrefix(name, "["), "]"))
+	if net.ParseIP(name) != nil || name == "localhost" {
+		return true
+	}
+	return slices.Contains(u.cfg.allowHosts, name)
 }
 
 // page renders the current view.
@@ -189,7 +247,7 @@ func (u *uiServer) page(w http.ResponseWriter, r *http.Request) {
 	h := w.Header()
 	h.Set("Content-Type", "text/html; charset=utf-8")
 	h.Set("Cache-Control", "no-store")
-	h.Set("Content-Security-Policy", "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src 'self'")
+	h.Set("Content-Security-Policy", uiCSP)
 	w.Write(b.Bytes())
 }
 
@@ -211,7 +269,12 @@ func (u *uiServer) events(w http.ResponseWriter, r *http.Request) {
 	if u.cfg.onViewer != nil {
 		u.cfg.onViewer()
 	}
-	flush := http.NewResponseController(w).Flush
+	rc := http.NewResponseController(w)
+	flush := rc.Flush
+	// A client that reads nothing blocks our writes once the connection's
+	// buffers are full: when the request ends (the server shutting down),
+	// a deadline cuts the write short, and Shutdown does not wait for it.
+	defer context.AfterFunc(r.Context(), func() { rc.SetWriteDeadline(time.Now()) })()
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-store")

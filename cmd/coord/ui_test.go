@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"slices"
 	"strings"
@@ -351,4 +353,113 @@ func TestUIShardMoves(t *testing.T) {
 	if m := moving(); m != "failover: owner down" {
 		t.Errorf("the owner's host down: moving %q", m)
 	}
+}
+
+// startUI serves coord ui of the etcd at ep with args, and returns it
+// with the page's URL.
+func startUI(t *testing.T, ep string, args ...string) (*bgCoord, string) {
+	t.Helper()
+	ui := startCoord(t, append([]string{"ui", "--endpoints", ep, "--listen", "127.0.0.1:0"}, args...)...)
+	ui.waitOutput(t, ui.stderr, "serving the fleet's page at ")
+	return ui, strings.Fields(strings.SplitAfter(ui.stderr.String(), "page at ")[1])[0]
+}
+
+// getAs returns the status and body of a GET of url with Host header host.
+func getAs(t *testing.T, url, host string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(tctx(t), http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Host = host
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func TestUIHardening(t *testing.T) {
+	t.Run("a Host that is a name is refused unless --allow-host lists it; addresses and localhost are served", func(t *testing.T) {
+		_, ep, _ := newEtcd(t)
+		_, url := startUI(t, ep, "--allow-host", "Coord.Example, ops.internal")
+		port := url[strings.LastIndex(url, ":")+1 : len(url)-1]
+		for host, want := range map[string]int{
+			"127.0.0.1:" + port:        http.StatusOK,
+			"[::1]:" + port:            http.StatusOK,
+			"localhost:" + port:        http.StatusOK,
+			"LOCALHOST":                http.StatusOK,
+			"coord.example:" + port:    http.StatusOK,
+			"ops.internal":             http.StatusOK,
+			"attacker.example:" + port: http.StatusMisdirectedRequest,
+			"127.0.0.1.nip.io":         http.StatusMisdirectedRequest,
+		} {
+			for _, path := range []string{"", "state", "events"} {
+				if path == "events" && want == http.StatusOK {
+					continue // a stream: it does not end
+				}
+				if got, body := getAs(t, url+path, host); got != want {
+					t.Errorf("GET /%s with Host %q: %d, want %d: %s", path, host, got, want, body)
+				}
+			}
+		}
+	})
+
+	t.Run("the page's own script and style, by hash, are all the CSP lets run", func(t *testing.T) {
+		_, ep, _ := newEtcd(t)
+		_, url := startUI(t, ep)
+		resp, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		csp := resp.Header.Get("Content-Security-Policy")
+		for _, tag := range [][2]string{{"<script>", "</script>"}, {"<style>", "</style>"}} {
+			if h := inlineHash(string(body), tag[0], tag[1]); !strings.Contains(csp, h) {
+				t.Errorf("CSP %q lacks the hash %s of the %s served", csp, h, tag[0])
+			}
+		}
+		if strings.Contains(csp, "unsafe-inline") || strings.Count(string(body), "<script") != 1 {
+			t.Errorf("CSP %q, %d scripts", csp, strings.Count(string(body), "<script"))
+		}
+	})
+
+	t.Run("an /events client that reads nothing does not hold the shutdown back", func(t *testing.T) {
+		_, ep, cli := newEtcd(t)
+		// A state of about 1 MB: a few events fill the connection's
+		// buffers, and the stream's writes block.
+		big := strings.Repeat("x", 16<<10)
+		var hosts []*coord.HostLiveness
+		for i := range 64 {
+			hosts = append(hosts, register(t, cli, coord.HostMetadata{HostUUID: fmt.Sprintf("host-%02d", i),
+				Labels: map[string]string{"big": big}}, coord.LivenessOptions{TTL: 5 * time.Second}))
+		}
+		ui, url := startUI(t, ep)
+		conn, err := net.Dial("tcp", strings.TrimSuffix(strings.TrimPrefix(url, "http://"), "/"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		if _, err := fmt.Fprintf(conn, "GET /events HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		// Changes, each an event of the whole state, that nobody reads.
+		for i := range 16 {
+			m := coord.HostMetadata{HostUUID: "host-00", Version: fmt.Sprintf("v%d", i), Labels: map[string]string{"big": big}}
+			if err := hosts[0].Update(tctx(t), m); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "the page at the update", func() bool {
+				_, body := getAs(t, url+"state", "127.0.0.1")
+				return strings.Contains(body, fmt.Sprintf(`"version": "v%d"`, i))
+			})
+		}
+		res := ui.stop(t)
+		if res.code != 0 || strings.Contains(res.stderr, "shut down") {
+			t.Fatalf("coord ui exited %d after %v:\n%s", res.code, res.took, res.stderr)
+		}
+	})
 }

@@ -199,8 +199,10 @@ func (u *uiServer) follow(ctx context.Context, cli *clientv3.Client, wg *sync.Wa
 		}
 		wg.Go(func() { f.run(ctx, rev) })
 	}
+	st.answered(true, time.Now()) // every part was just listed
 	readTTLs(ctx, cli, u.cfg.hostsPrefix, st)
 	wg.Go(func() { followTTLs(ctx, cli, u.cfg.hostsPrefix, st) })
+	wg.Go(func() { probeEtcd(ctx, cli, u.cfg.hostsPrefix, st) })
 	return nil
 }
 

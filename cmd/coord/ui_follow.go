@@ -18,6 +18,8 @@ import (
 // left, which no watch reports, read every uiTTLEvery.
 const (
 	uiTTLEvery = time.Second
+	// uiProbeEvery is how often coord ui asks whether etcd answers.
+	uiProbeEvery = 500 * time.Millisecond
 	// A listing or watch that fails is tried again after uiRetryMin,
 	// doubling up to uiRetryMax while it fails.
 	uiRetryMin = 100 * time.Millisecond
@@ -46,6 +48,28 @@ func followTTLs(ctx context.Context, cli *clientv3.Client, prefix string, st *ui
 		case <-t.C:
 		}
 		readTTLs(ctx, cli, prefix, st)
+	}
+}
+
+// probeEtcd asks etcd every uiProbeEvery, until ctx ends, for a
+// linearizable count of the hosts (a member without quorum does not
+// answer it), and records whether it answered within uiProbeEvery.
+func probeEtcd(ctx context.Context, cli *clientv3.Client, prefix string, st *uiState) {
+	t := time.NewTicker(uiProbeEvery)
+	defer t.Stop()
+	for {
+		pctx, cancel := context.WithTimeout(ctx, uiProbeEvery)
+		_, err := cli.Get(pctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		st.answered(err == nil, time.Now())
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
 	}
 }
 

@@ -27,6 +27,10 @@ type uiView struct {
 	// "elections", "shards", "semaphores"): that part shows what was read
 	// last.
 	Problems []string `json:"problems"`
+	// Etcd says when etcd last answered, or since when it has not: Stale
+	// is then set, and every value is as read last.
+	Etcd  string `json:"etcd"`
+	Stale bool   `json:"stale"`
 }
 
 // uiHost is a host of the view: live, or down (kept, shown red, until it
@@ -92,6 +96,8 @@ type uiState struct {
 	members   map[string]coord.ShardMember
 	sems      []semaphoreInfo
 	problems  map[string]string
+	heard     time.Time // when etcd last answered the lease reader
+	unheard   time.Time // since when it has not, zero while it answers
 }
 
 // uiHostState is what the state knows of a host.
@@ -130,6 +136,28 @@ func (s *uiState) problem(part string, err error) {
 			delete(s.problems, part)
 		} else {
 			s.problems[part] = err.Error()
+		}
+	})
+}
+
+// answered records whether etcd answered a probe made at now (see
+// probeEtcd). The view changes when etcd stops or starts answering, and
+// at most once a second meanwhile: its times are to the second.
+func (s *uiState) answered(ok bool, now time.Time) {
+	s.mu.Lock()
+	same := ok && s.unheard.IsZero() && s.heard.Truncate(time.Second).Equal(now.Truncate(time.Second))
+	if same {
+		s.heard = now
+	}
+	s.mu.Unlock()
+	if same {
+		return
+	}
+	s.update(func() {
+		if ok {
+			s.heard, s.unheard = now, time.Time{}
+		} else if s.unheard.IsZero() {
+			s.unheard = now
 		}
 	})
 }
@@ -205,6 +233,12 @@ func (s *uiState) view() (uiView, <-chan struct{}) {
 	v.Shards = s.shardsViewLocked()
 	for _, part := range slices.Sorted(maps.Keys(s.problems)) {
 		v.Problems = append(v.Problems, part+": "+s.problems[part])
+	}
+	v.Etcd = "etcd last answered at " + s.heard.Format(time.TimeOnly)
+	if !s.unheard.IsZero() {
+		v.Stale = true
+		v.Etcd = fmt.Sprintf("etcd unreachable since %s (%v): every value is as last read; %s",
+			s.unheard.Format(time.TimeOnly), time.Since(s.unheard).Round(time.Second), v.Etcd)
 	}
 	return v, s.changed
 }

@@ -463,3 +463,34 @@ func TestUIHardening(t *testing.T) {
 		}
 	})
 }
+
+func TestUIEtcdUnreachable(t *testing.T) {
+	srv, ep, _ := newEtcd(t)
+	_, url := startUI(t, ep)
+	state := func() uiView {
+		_, body := getAs(t, url+"state", "127.0.0.1")
+		var v uiView
+		if err := json.Unmarshal([]byte(body), &v); err != nil {
+			t.Fatalf("/state: %v\n%s", err, body)
+		}
+		return v
+	}
+	eventually(t, "etcd answering", func() bool {
+		v := state()
+		return !v.Stale && strings.HasPrefix(v.Etcd, "etcd last answered at ")
+	})
+	srv.Stop()
+	stopped := time.Now()
+	eventually(t, "the page saying etcd is unreachable", func() bool {
+		v := state()
+		return v.Stale && strings.HasPrefix(v.Etcd, "etcd unreachable since ")
+	})
+	t.Logf("stale %v after etcd stopped", time.Since(stopped).Round(time.Millisecond))
+	if _, page := getAs(t, url, "127.0.0.1"); !strings.Contains(page, `<body class="stale">`) || !strings.Contains(page, `<p id="etcd" class="stale">etcd unreachable since `) {
+		t.Fatalf("the page does not say etcd is unreachable:\n%s", page)
+	}
+	srv.Restart()
+	restarted := time.Now()
+	eventually(t, "the page live again", func() bool { return !state().Stale })
+	t.Logf("live %v after etcd restarted", time.Since(restarted).Round(time.Millisecond))
+}

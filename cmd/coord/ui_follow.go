@@ -54,15 +54,30 @@ func followTTLs(ctx context.Context, cli *clientv3.Client, prefix string, st *ui
 // probeEtcd asks etcd every uiProbeEvery, until ctx ends, for a
 // linearizable count of the hosts (a member without quorum does not
 // answer it), and records whether it answered within uiProbeEvery.
+//
+// Its answers also say which etcd answers: another cluster, or a revision
+// below one it saw (an etcd rebuilt, or restored from a snapshot), has
+// every part listed again (see uiState.replaced): a watch resumed on such
+// an etcd from our revision would wait in silence.
 func probeEtcd(ctx context.Context, cli *clientv3.Client, prefix string, st *uiState) {
 	t := time.NewTicker(uiProbeEvery)
 	defer t.Stop()
+	var cluster uint64
+	var rev int64
 	for {
 		pctx, cancel := context.WithTimeout(ctx, uiProbeEvery)
-		_, err := cli.Get(pctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+		resp, err := cli.Get(pctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
 		cancel()
 		if ctx.Err() != nil {
 			return
+		}
+		if err == nil {
+			h := resp.Header
+			if cluster != 0 && (h.ClusterId != cluster || h.Revision < rev) {
+				st.replaced(fmt.Sprintf("cluster %x at revision %d, after cluster %x at revision %d", h.ClusterId, h.Revision, cluster, rev), time.Now())
+				rev = 0
+			}
+			cluster, rev = h.ClusterId, max(rev, h.Revision)
 		}
 		st.answered(err == nil, time.Now())
 		select {
@@ -147,6 +162,15 @@ func (f *prefixFollower) run(ctx context.Context, rev int64) {
 func (f *prefixFollower) watch(ctx context.Context, rev int64) (int64, error) {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
+	// An etcd found replaced ends the watch: the listing is of the new one.
+	relist := f.st.relisting()
+	go func() {
+		select {
+		case <-relist:
+			cancel()
+		case <-wctx.Done():
+		}
+	}()
 	for resp := range f.cli.Watch(wctx, f.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev+1)) {
 		if err := resp.Err(); err != nil {
 			return rev, fmt.Errorf("watch %s under %s: %w", f.part, f.prefix, err)

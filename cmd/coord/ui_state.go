@@ -96,8 +96,10 @@ type uiState struct {
 	members   map[string]coord.ShardMember
 	sems      []semaphoreInfo
 	problems  map[string]string
-	heard     time.Time // when etcd last answered the lease reader
-	unheard   time.Time // since when it has not, zero while it answers
+	heard     time.Time     // when etcd last answered the probe
+	unheard   time.Time     // since when it has not, zero while it answers
+	relist    chan struct{} // closed and replaced when etcd is found replaced
+	swapped   string        // when and how it last was, "" if never
 }
 
 // uiHostState is what the state knows of a host.
@@ -109,7 +111,7 @@ type uiHostState struct {
 }
 
 func newUIState(shardsPrefix string) *uiState {
-	return &uiState{shardsPrefix: shardsPrefix, changed: make(chan struct{}),
+	return &uiState{shardsPrefix: shardsPrefix, changed: make(chan struct{}), relist: make(chan struct{}),
 		hosts: map[string]*uiHostState{}, members: map[string]coord.ShardMember{}, problems: map[string]string{}}
 }
 
@@ -160,6 +162,24 @@ func (s *uiState) answered(ok bool, now time.Time) {
 			s.unheard = now
 		}
 	})
+}
+
+// replaced records that etcd was found replaced at now (how says why), and
+// has every part listed again: the followers' watches end (see
+// relisting), the host watcher lists by itself.
+func (s *uiState) replaced(how string, now time.Time) {
+	s.update(func() {
+		s.swapped = "etcd replaced or restored at " + now.Format(time.TimeOnly) + " (" + how + "): everything listed again"
+		close(s.relist)
+		s.relist = make(chan struct{})
+	})
+}
+
+// relisting returns a channel closed when etcd is found replaced.
+func (s *uiState) relisting() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.relist
 }
 
 // noteHost applies a host event, seen at now.
@@ -235,6 +255,9 @@ func (s *uiState) view() (uiView, <-chan struct{}) {
 		v.Problems = append(v.Problems, part+": "+s.problems[part])
 	}
 	v.Etcd = "etcd last answered at " + s.heard.Format(time.TimeOnly)
+	if s.swapped != "" {
+		v.Etcd += "; " + s.swapped
+	}
 	if !s.unheard.IsZero() {
 		v.Stale = true
 		v.Etcd = fmt.Sprintf("etcd unreachable since %s (%v): every value is as last read; %s",

@@ -494,3 +494,44 @@ func TestUIEtcdUnreachable(t *testing.T) {
 	eventually(t, "the page live again", func() bool { return !state().Stale })
 	t.Logf("live %v after etcd restarted", time.Since(restarted).Round(time.Millisecond))
 }
+
+func TestUIEtcdReplaced(t *testing.T) {
+	srv, ep, cli := newEtcd(t)
+	for i := range 20 {
+		if _, err := cli.Put(tctx(t), fmt.Sprintf("/elsewhere/%d", i), "x"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := cli.Put(tctx(t), "/coord/elections/old/1", "old-leader"); err != nil {
+		t.Fatal(err)
+	}
+	_, url := startUI(t, ep)
+	elections := func() []string {
+		_, body := getAs(t, url+"state", "127.0.0.1")
+		var v uiView
+		if err := json.Unmarshal([]byte(body), &v); err != nil {
+			t.Fatalf("/state: %v\n%s", err, body)
+		}
+		var out []string
+		for _, e := range v.Elections {
+			out = append(out, e.Key+"="+e.Leader.Identity)
+		}
+		return out
+	}
+	if got := elections(); !slices.Equal(got, []string{"/coord/elections/old=old-leader"}) {
+		t.Fatalf("elections %v", got)
+	}
+	srv.Replace()
+	replaced := time.Now()
+	eventually(t, "the new etcd answering", func() bool {
+		_, err := cli.Put(tctx(t), "/coord/elections/new/1", "new-leader")
+		return err == nil
+	})
+	eventually(t, "the page showing the new etcd's elections only", func() bool {
+		return slices.Equal(elections(), []string{"/coord/elections/new=new-leader"})
+	})
+	t.Logf("the page matched the new etcd %v after it replaced the old", time.Since(replaced).Round(time.Millisecond))
+	if _, body := getAs(t, url+"state", "127.0.0.1"); !strings.Contains(body, "etcd replaced or restored at ") {
+		t.Fatalf("/state does not say etcd was replaced:\n%s", body)
+	}
+}

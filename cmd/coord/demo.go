@@ -31,6 +31,9 @@ const (
 	// grows with the TTL): a step that takes longer is a failure, not
 	// something to wait for.
 	demoWait = 15 * time.Second
+	// demoUIPace is how long each act's outcome stays on the page before
+	// the next act.
+	demoUIPace = time.Second
 	// demoShards is the number of shards of the ShardSet act.
 	demoShards = 12
 )
@@ -98,6 +101,7 @@ type demoGrant struct {
 type demo struct {
 	ttl    time.Duration // of the agents' leases and sessions
 	wait   time.Duration // bounds every wait
+	pace   time.Duration // how long each act's outcome stays before the next act: on the page only
 	log    *demoLog
 	srv    *coordtest.Standalone
 	agents []*demoAgent
@@ -165,6 +169,9 @@ func runDemo(ctx context.Context, stdout io.Writer, uiAddr string, ttl time.Dura
 			log.printf("demo", "done in %.1fs", time.Since(start).Seconds())
 		}
 	}()
+	if uiAddr != "" {
+		d.pace = demoUIPace
+	}
 	if err := d.script(ctx); err != nil {
 		if ctx.Err() != nil {
 			return errors.New("demo interrupted")
@@ -199,6 +206,12 @@ func (d *demo) script(ctx context.Context) error {
 	for _, act := range acts {
 		if err := act(ctx); err != nil {
 			return err
+		}
+		// On the page, each act's outcome stays a moment before the
+		// next one changes it (a leader that resigns right after its
+		// failover would never be seen leading).
+		if !wait(ctx, d.pace) {
+			return ctx.Err()
 		}
 	}
 	d.summary()

@@ -31,6 +31,26 @@ type uiView struct {
 	// is then set, and every value is as read last.
 	Etcd  string `json:"etcd"`
 	Stale bool   `json:"stale"`
+	// Names are the hostnames of the hosts known, by HostUUID: the page
+	// shows a host by its name wherever it appears (its UUID on hover).
+	Names map[string]string `json:"names"`
+}
+
+// Name returns the hostname of the host whose UUID is id, id if none is
+// known (an identity that is no host's UUID).
+func (v uiView) Name(id string) string {
+	if n := v.Names[id]; n != "" {
+		return n
+	}
+	return id
+}
+
+// Cand shows a shard candidate by its host's name, with its zone, a weight
+// other than 1 and a drain, if its member key says so.
+func (v uiView) Cand(c shardCandidate) string {
+	c.Hostname = ""
+	s := c.String()
+	return v.Name(c.Identity) + strings.TrimPrefix(s, c.Identity)
 }
 
 // uiHost is a host of the view: live, or down (kept, shown red, until it
@@ -237,7 +257,8 @@ func (s *uiState) noteTTLs(hosts []liveHost) {
 func (s *uiState) view() (uiView, <-chan struct{}) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	v := uiView{Version: s.version, Hosts: []uiHost{}, Elections: s.elections, Semaphores: s.sems, Problems: []string{}}
+	v := uiView{Version: s.version, Hosts: []uiHost{}, Elections: s.elections, Semaphores: s.sems, Problems: []string{},
+		Names: map[string]string{}}
 	for _, id := range slices.Sorted(maps.Keys(s.hosts)) {
 		h := s.hosts[id]
 		up := h.up
@@ -245,6 +266,9 @@ func (s *uiState) view() (uiView, <-chan struct{}) {
 			up = time.Unix(0, h.meta.StartedAt)
 		}
 		uh := uiHost{HostMetadata: h.meta, UpSince: up.Format(time.DateTime), TTL: h.ttl, Labels: formatLabels(h.meta.Labels)}
+		if h.meta.Hostname != "" {
+			v.Names[id] = h.meta.Hostname
+		}
 		if !h.downAt.IsZero() {
 			uh.Down, uh.DownAt, uh.TTL = true, h.downAt.Format(timestamp), "down"
 		}
@@ -284,6 +308,9 @@ func (s *uiState) shardsViewLocked() uiShards {
 			u.Moving = "failover: owner down"
 		} else if by := s.outrankedLocked(sh); by != "" {
 			u.Moving = "to " + by
+			if h := s.hosts[by]; h != nil && h.meta.Hostname != "" {
+				u.Moving = "to " + h.meta.Hostname
+			}
 		}
 		if u.Moving != "" {
 			v.Moving++

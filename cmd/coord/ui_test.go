@@ -142,7 +142,8 @@ func TestUI(t *testing.T) {
 		page := f.get(t, "/")
 		for _, want := range []string{
 			`data-host="host-a"`, "node-a", "1.2.3", "zone=z1", "of 5s", `data-host="host-c"`,
-			`data-election="` + uiTestElection + `"`, `<td class="leader">leader-1</td>`, "leader-2",
+			`data-election="` + uiTestElection + `"`, `<td class="leader" title="leader-1">leader-1</td>`, "leader-2",
+			`<td title="host-a">node-a</td>`, `<td title="host-b">node-b</td>`, `<td class="owner" title="host-`,
 			`data-shard="s1"`, `data-shard="s4"`, `data-member="host-a"`, `data-member="host-b"`,
 			`data-semaphore="/coord/semaphores/maintenance"`, "sem-1 (", "sem-2",
 			"&lt;script&gt;document.title=&#34;pwned&#34;&lt;/script&gt;",

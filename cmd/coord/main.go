@@ -74,6 +74,7 @@ func commands() []command {
 		{"acquire", "KEY [IDENTITY]", "hold a permit of semaphore KEY until interrupted, then release it", cmdAcquire},
 		{"shards", "", "list the shards under --prefix: owner, fencing token, standbys", cmdShards},
 		{"ui", "", "serve a live web page of the fleet: hosts, elections, shards, semaphores", cmdUI},
+		{"agent", "", "run an agent: register, own shards, campaign, hold a permit, until interrupted", cmdAgent},
 		{"bench", "", "run the benchmarks (see coord bench -h)", cmdBench},
 	}
 }

@@ -178,6 +178,12 @@ func runDemo(ctx context.Context, stdout io.Writer, uiAddr string, ttl time.Dura
 		}
 		return fmt.Errorf("demo: %w", err)
 	}
+	if uiAddr != "" {
+		// The page shows the fleet the acts left, for as long as one
+		// likes.
+		log.printf("demo", "the acts are over; the page stays until Ctrl-C")
+		<-ctx.Done()
+	}
 	return nil
 }
 

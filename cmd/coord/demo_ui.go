@@ -43,7 +43,7 @@ func (u *demoUI) IsBoolFlag() bool { return true }
 // the address after --ui, if any.
 func demoUIFlag(c *cmdFlags) *demoUI {
 	u := &demoUI{}
-	c.Var(u, "ui", "serve coord ui's live page of the demo's fleet, on 127.0.0.1:8080 or the\n`address` given (--ui ADDR, --ui=ADDR: 127.0.0.1:0 for any free port)")
+	c.Var(u, "ui", "serve coord ui's live page of the demo's fleet, on 127.0.0.1:8080 or the\n`address` given (--ui ADDR, --ui=ADDR: 127.0.0.1:0 for any free port);\nafter the acts, the page stays until Ctrl-C")
 	c.optional = 1
 	return u
 }

@@ -27,7 +27,8 @@ func TestUIDemo(t *testing.T) {
 		})
 		ev.until(t, "the shard set", func(v uiView) bool { return len(v.Shards.Shards) == demoShards })
 		ev.until(t, "the semaphore", func(v uiView) bool { return len(v.Semaphores) == 1 })
-		r := d.wait(t)
+		d.waitOutput(t, d.stdout, "the acts are over; the page stays until Ctrl-C")
+		r := d.stop(t)
 		if r.code != exitOK || !strings.Contains(r.stdout, "the page is open") {
 			t.Fatalf("status %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
 		}

@@ -200,7 +200,9 @@ func (u *uiServer) follow(ctx context.Context, cli *clientv3.Client, wg *sync.Wa
 		wg.Go(func() { f.run(ctx, rev) })
 	}
 	st.answered(true, time.Now()) // every part was just listed
-	readTTLs(ctx, cli, u.cfg.hostsPrefix, st)
+	// The first page shows the leases' time left too: this first read
+	// may take longer than those that follow (a slow machine, many hosts).
+	readTTLs(ctx, cli, u.cfg.hostsPrefix, st, uiFirstRead)
 	wg.Go(func() { followTTLs(ctx, cli, u.cfg.hostsPrefix, st) })
 	wg.Go(func() { probeEtcd(ctx, cli, u.cfg.hostsPrefix, st) })
 	return nil

@@ -18,6 +18,8 @@ import (
 // left, which no watch reports, read every uiTTLEvery.
 const (
 	uiTTLEvery = time.Second
+	// uiFirstRead bounds coord ui's first read of the leases' time left.
+	uiFirstRead = 10 * time.Second
 	// uiProbeEvery is how often coord ui asks whether etcd answers.
 	uiProbeEvery = 500 * time.Millisecond
 	// A listing or watch that fails is tried again after uiRetryMin,
@@ -47,13 +49,14 @@ func followTTLs(ctx context.Context, cli *clientv3.Client, prefix string, st *ui
 			return
 		case <-t.C:
 		}
-		readTTLs(ctx, cli, prefix, st)
+		readTTLs(ctx, cli, prefix, st, uiTTLEvery)
 	}
 }
 
 // probeEtcd asks etcd every uiProbeEvery, until ctx ends, for a
 // linearizable count of the hosts (a member without quorum does not
-// answer it), and records whether it answered within uiProbeEvery.
+// answer it), and records whether it answered within two of them (a slow
+// machine's answer is not an outage).
 //
 // Its answers also say which etcd answers: another cluster, or a revision
 // below one it saw (an etcd rebuilt, or restored from a snapshot), has
@@ -65,7 +68,7 @@ func probeEtcd(ctx context.Context, cli *clientv3.Client, prefix string, st *uiS
 	var cluster uint64
 	var rev int64
 	for {
-		pctx, cancel := context.WithTimeout(ctx, uiProbeEvery)
+		pctx, cancel := context.WithTimeout(ctx, 2*uiProbeEvery)
 		resp, err := cli.Get(pctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
 		cancel()
 		if ctx.Err() != nil {
@@ -88,9 +91,9 @@ func probeEtcd(ctx context.Context, cli *clientv3.Client, prefix string, st *uiS
 	}
 }
 
-// readTTLs reads the time left on the hosts' leases, within uiTTLEvery.
-func readTTLs(ctx context.Context, cli *clientv3.Client, prefix string, st *uiState) {
-	rctx, cancel := context.WithTimeout(ctx, uiTTLEvery)
+// readTTLs reads the time left on the hosts' leases, within bound.
+func readTTLs(ctx context.Context, cli *clientv3.Client, prefix string, st *uiState, bound time.Duration) {
+	rctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
 	hosts, err := listHosts(rctx, cli, prefix, io.Discard)
 	if ctx.Err() != nil {

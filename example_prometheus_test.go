@@ -58,7 +58,7 @@ func ExampleSignal_prometheus() {
 	done2 := e.Done()
 	e.Close()
 	<-done2
-	s, err := coord.NewSemaphore(ctx, cli, coord.SemaphoreOptions{Key: "/coord/maintenance", Limit: 2, TTL: time.Second, OnSignal: onSignal})
+	s, err := coord.NewSemaphore(ctx, cli, coord.SemaphoreOptions{Key: "/coord/semaphores/maintenance", Limit: 2, TTL: time.Second, OnSignal: onSignal})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -450,7 +450,7 @@ func ExampleSemaphore() {
 	// Rolling maintenance: at most two hosts at once. Every host joins the
 	// same semaphore, with the same Limit.
 	join := func(host string) *coord.Semaphore {
-		s, err := coord.NewSemaphore(ctx, cli, coord.SemaphoreOptions{Key: "/coord/maintenance", Limit: 2, TTL: time.Second, Identity: host})
+		s, err := coord.NewSemaphore(ctx, cli, coord.SemaphoreOptions{Key: "/coord/semaphores/maintenance", Limit: 2, TTL: time.Second, Identity: host})
 		if err != nil {
 			log.Fatal(err)
 		}
@@ -501,7 +501,7 @@ func ExampleSemaphore() {
 	fmt.Println("node-3 holds, tokens increase:", pc.Token() > pb.Token())
 
 	// Another Limit on the same key is refused, and writes nothing.
-	_, err = coord.NewSemaphore(ctx, cli, coord.SemaphoreOptions{Key: "/coord/maintenance", Limit: 3})
+	_, err = coord.NewSemaphore(ctx, cli, coord.SemaphoreOptions{Key: "/coord/semaphores/maintenance", Limit: 3})
 	fmt.Println("limit mismatch:", errors.Is(err, coord.ErrLimitMismatch))
 
 	// Output:

@@ -117,6 +117,9 @@ func newCampaignElection(ctx context.Context, conn *connFlags, cli *clientv3.Cli
 // is not.
 func campaignAndHold(ctx context.Context, e *coord.Election, timeout time.Duration, key, identity string, stdout, stderr io.Writer) error {
 	fmt.Fprintf(stderr, "coord: campaigning in %s as %q (Ctrl-C to stop)\n", key, identity)
+	if leader, err := e.Leader(ctx); err == nil {
+		fmt.Fprintf(stderr, "coord: %q leads %s: waiting in line\n", leader, key)
+	}
 	if err := e.Campaign(ctx, identity); err != nil {
 		if ctx.Err() != nil {
 			// Campaign left no candidate key behind.

@@ -68,7 +68,7 @@ func TestLeaderAndCampaign(t *testing.T) {
 
 		// Interrupted while waiting in line: nothing left behind.
 		g := startCoord(t, "--endpoints", ep, "campaign", "/e/sched", "gamma")
-		g.waitOutput(t, g.stderr, "campaigning")
+		g.waitOutput(t, g.stderr, `"beta" leads /e/sched: waiting in line`)
 		eventually(t, "gamma in line", func() bool { return candidates("/e/sched") == 2 })
 		rg := g.stop(t)
 		if rg.code != exitOK || !strings.Contains(rg.stdout, "interrupted before leading") {

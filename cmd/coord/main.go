@@ -28,6 +28,7 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/go-coord/coord"
 )
@@ -231,11 +232,30 @@ func newCmdFlags(name, args, about string, withConn bool) *cmdFlags {
 	return c
 }
 
+// explainFlagErr adds to the flag package's "invalid value" error of a
+// duration flag what a duration looks like.
+func (c *cmdFlags) explainFlagErr(err error) error {
+	_, rest, ok := strings.Cut(err.Error(), " for flag -")
+	if !ok {
+		return err
+	}
+	name, _, _ := strings.Cut(rest, ":")
+	if f := c.Lookup(name); f != nil {
+		if g, ok := f.Value.(flag.Getter); ok {
+			if _, ok := g.Get().(time.Duration); ok {
+				return fmt.Errorf("%w: want a duration such as 2s or 500ms", err)
+			}
+		}
+	}
+	return err
+}
+
 // parse parses args, flags and positional arguments in any order (as in
 // "coord campaign KEY ID --endpoints h:2379"; "--" ends the flags), and
 // returns the positional arguments, checking there are want of them
 // (and up to c.optional more).
 // On -h it prints the help on stdout and returns flag.ErrHelp.
+// A duration flag given a bare number (--ttl 2) says what it wants.
 func (c *cmdFlags) parse(args []string, stdout io.Writer, want int) ([]string, error) {
 	var pos []string
 	for {
@@ -244,7 +264,7 @@ func (c *cmdFlags) parse(args []string, stdout io.Writer, want int) ([]string, e
 				c.usage(stdout)
 				return nil, err
 			}
-			return nil, &usageError{err}
+			return nil, &usageError{c.explainFlagErr(err)}
 		}
 		rest := c.Args()
 		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {

@@ -139,6 +139,8 @@ with 0.`, true)
 	switch err := checkSemaphoreKey(key); {
 	case err != nil:
 		return err
+	case *limit == 0:
+		return usagef("--limit is required: how many permits of %s are held at once, fleet-wide", key)
 	case *limit < 1:
 		return usagef("--limit %d: want at least 1", *limit)
 	case *ttl <= 0 || *ttl%time.Second != 0:

@@ -729,9 +729,15 @@ func TestCompatLeaderKill(t *testing.T) {
 		return true
 	})
 	written := time.Since(killed)
-	if after := owned(); !maps.Equal(after, before) {
-		t.Errorf("owners and tokens %v after the kill, %v before", after, before)
-	}
+	// A session whose last renewal was answered just before the kill may
+	// step down after the first writes: its shards come back, same owner
+	// and token, once etcd answers it.
+	var after map[string]term
+	eventually(t, "every shard owned again by its owner, with its token", func() bool {
+		after = owned()
+		return maps.Equal(after, before)
+	})
+	reowned := time.Since(killed)
 	l.mu.Lock()
 	stepped, moved := 0, 0
 	for _, ev := range l.events[mark:] {
@@ -757,5 +763,5 @@ func TestCompatLeaderKill(t *testing.T) {
 	terms := tokens["leader"]
 	mu.Unlock()
 	compatFigures(t, "leader-kill", "ttl", ttl, "shards", len(shards), "stepped-down", stepped, "moved", moved,
-		"written-again", written, "leader-terms", len(terms), "tokens-changed", changed)
+		"written-again", written, "owned-again", reowned, "leader-terms", len(terms), "tokens-changed", changed)
 }

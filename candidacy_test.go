@@ -754,6 +754,44 @@ func (f *delayTxn) intercept(ctx context.Context, method string, req, reply any,
 	return err
 }
 
+// cdHeldPut starts a pool of two elections, prefix/one and prefix/two, on
+// a client of srv that holds back the answer of one's candidate put: two
+// has campaigned and resigned (the pool has heard etcd), and one's
+// Campaign runs in w, its answer held once h.held is closed, until
+// h.released is.
+func cdHeldPut(t *testing.T, srv *coordtest.Server, prefix string) (h *holdAnswer, s *signals, one, two *Election, w *lagWaiter) {
+	t.Helper()
+	h = &holdAnswer{prefix: prefix + "/one/", held: make(chan struct{}), released: make(chan struct{})}
+	cfg := srv.ClientConfig()
+	cfg.DialOptions = append(cfg.DialOptions, grpc.WithChainUnaryInterceptor(h.intercept))
+	pCli, err := clientv3.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pCli.Close() })
+	s = &signals{}
+	pool, err := NewElectionPool(pCli, PoolOptions{TTL: time.Second * scale, OnSignal: s.hook})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pool.Close() })
+	if one, err = pool.Election(testCtx(t), prefix+"/one"); err != nil {
+		t.Fatal(err)
+	}
+	if two, err = pool.Election(testCtx(t), prefix+"/two"); err != nil {
+		t.Fatal(err)
+	}
+	if err := two.Campaign(testCtx(t), "two"); err != nil {
+		t.Fatal(err)
+	}
+	if err := two.Resign(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	h.armed.Store(true)
+	w = startWaiter(func() error { return one.Campaign(testCtx(t), "one") }, func() bool { return true })
+	return h, s, one, two, w
+}
+
 // holdAnswer holds, once armed, the answer of the first Txn that puts a
 // key under prefix, until released: it comes after the answers to
 // requests sent later.
@@ -959,37 +997,7 @@ func TestCandidacyEdges(t *testing.T) {
 
 	t.Run("an answer that comes after a later one, at a lower revision, is no etcd replaced: each answer is judged by what was seen when it was asked", func(t *testing.T) {
 		srv, cli := newEtcd(t)
-		h := &holdAnswer{prefix: "/edge/order/one/", held: make(chan struct{}), released: make(chan struct{})}
-		cfg := srv.ClientConfig()
-		cfg.DialOptions = append(cfg.DialOptions, grpc.WithChainUnaryInterceptor(h.intercept))
-		pCli, err := clientv3.New(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer pCli.Close()
-		s := &signals{}
-		pool, err := NewElectionPool(pCli, PoolOptions{TTL: time.Second * scale, OnSignal: s.hook})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer pool.Close()
-		one, err := pool.Election(testCtx(t), "/edge/order/one")
-		if err != nil {
-			t.Fatal(err)
-		}
-		two, err := pool.Election(testCtx(t), "/edge/order/two")
-		if err != nil {
-			t.Fatal(err)
-		}
-		// The pool has heard etcd before one's put is sent.
-		if err := two.Campaign(testCtx(t), "two"); err != nil {
-			t.Fatal(err)
-		}
-		if err := two.Resign(testCtx(t)); err != nil {
-			t.Fatal(err)
-		}
-		h.armed.Store(true)
-		w := startWaiter(func() error { return one.Campaign(testCtx(t), "one") }, func() bool { return true })
+		h, s, one, two, w := cdHeldPut(t, srv, "/edge/order")
 		waitClosed(t, h.held, "one's put answered, its answer held")
 		for range 5 {
 			wtPut(t, cli, "/elsewhere/", meta("x"), 0)
@@ -1009,39 +1017,11 @@ func TestCandidacyEdges(t *testing.T) {
 
 	t.Run("an answer of an etcd since replaced, that comes once the new one was heard, neither says so again nor is followed", func(t *testing.T) {
 		srv, _ := newEtcd(t)
-		h := &holdAnswer{prefix: "/edge/late/one/", held: make(chan struct{}), released: make(chan struct{})}
-		cfg := srv.ClientConfig()
-		cfg.DialOptions = append(cfg.DialOptions, grpc.WithChainUnaryInterceptor(h.intercept))
-		pCli, err := clientv3.New(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer pCli.Close()
+		cli := srv.NewClient(t)
 		for range 20 {
-			wtPut(t, pCli, "/elsewhere/", meta("x"), 0)
+			wtPut(t, cli, "/elsewhere/", meta("x"), 0)
 		}
-		s := &signals{}
-		pool, err := NewElectionPool(pCli, PoolOptions{TTL: time.Second * scale, OnSignal: s.hook})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer pool.Close()
-		one, err := pool.Election(testCtx(t), "/edge/late/one")
-		if err != nil {
-			t.Fatal(err)
-		}
-		two, err := pool.Election(testCtx(t), "/edge/late/two")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := two.Campaign(testCtx(t), "two"); err != nil {
-			t.Fatal(err)
-		}
-		if err := two.Resign(testCtx(t)); err != nil {
-			t.Fatal(err)
-		}
-		h.armed.Store(true)
-		w := startWaiter(func() error { return one.Campaign(testCtx(t), "one") }, func() bool { return true })
+		h, s, _, two, w := cdHeldPut(t, srv, "/edge/late")
 		waitClosed(t, h.held, "one's put answered by the old etcd, its answer held")
 		srv.Reset()
 		// The pool's session went with the old etcd: two campaigns on a

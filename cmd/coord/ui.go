@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/go-coord/coord"
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -192,19 +193,23 @@ func (u *uiServer) follow(ctx context.Context, cli *clientv3.Client, wg *sync.Wa
 		{cli: cli, st: st, part: "semaphores", prefix: u.cfg.semPfx,
 			apply: func(kvs []*mvccpb.KeyValue) { st.sems = decodeSemaphores(kvs) }},
 	}
+	first := &etcdserverpb.ResponseHeader{}
 	for _, f := range followers {
-		rev, err := f.list(ctx)
+		h, err := f.list(ctx)
 		if err != nil {
 			return err
 		}
-		wg.Go(func() { f.run(ctx, rev) })
+		if h.Revision >= first.Revision {
+			first = h
+		}
+		wg.Go(func() { f.run(ctx, h.Revision) })
 	}
 	st.answered(true, time.Now()) // every part was just listed
 	// The first page shows the leases' time left too: this first read
 	// may take longer than those that follow (a slow machine, many hosts).
 	readTTLs(ctx, cli, u.cfg.hostsPrefix, st, uiFirstRead)
 	wg.Go(func() { followTTLs(ctx, cli, u.cfg.hostsPrefix, st) })
-	wg.Go(func() { probeEtcd(ctx, cli, u.cfg.hostsPrefix, st) })
+	wg.Go(func() { probeEtcd(ctx, cli, u.cfg.hostsPrefix, st, first) })
 	return nil
 }
 

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/go-coord/coord"
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -61,12 +62,13 @@ func followTTLs(ctx context.Context, cli *clientv3.Client, prefix string, st *ui
 // Its answers also say which etcd answers: another cluster, or a revision
 // below one it saw (an etcd rebuilt, or restored from a snapshot), has
 // every part listed again (see uiState.replaced): a watch resumed on such
-// an etcd from our revision would wait in silence.
-func probeEtcd(ctx context.Context, cli *clientv3.Client, prefix string, st *uiState) {
+// an etcd from our revision would wait in silence. It compares with
+// first, the highest header of the first listings: an etcd replaced
+// before the first probe is answered is found too.
+func probeEtcd(ctx context.Context, cli *clientv3.Client, prefix string, st *uiState, first *etcdserverpb.ResponseHeader) {
 	t := time.NewTicker(uiProbeEvery)
 	defer t.Stop()
-	var cluster uint64
-	var rev int64
+	cluster, rev := first.ClusterId, first.Revision
 	for {
 		pctx, cancel := context.WithTimeout(ctx, 2*uiProbeEvery)
 		resp, err := cli.Get(pctx, prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
@@ -76,7 +78,7 @@ func probeEtcd(ctx context.Context, cli *clientv3.Client, prefix string, st *uiS
 		}
 		if err == nil {
 			h := resp.Header
-			if cluster != 0 && (h.ClusterId != cluster || h.Revision < rev) {
+			if h.ClusterId != cluster || h.Revision < rev {
 				st.replaced(fmt.Sprintf("cluster %x at revision %d, after cluster %x at revision %d", h.ClusterId, h.Revision, cluster, rev), time.Now())
 				rev = 0
 			}
@@ -119,16 +121,16 @@ type prefixFollower struct {
 }
 
 // list reads the keys under the prefix, by create revision, applies them
-// and returns the revision read.
-func (f *prefixFollower) list(ctx context.Context) (int64, error) {
+// and returns the header of the answer (the revision read).
+func (f *prefixFollower) list(ctx context.Context) (*etcdserverpb.ResponseHeader, error) {
 	resp, err := f.cli.Get(ctx, f.prefix, clientv3.WithPrefix(),
 		clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend))
 	if err != nil {
-		return 0, fmt.Errorf("list %s under %s: %w", f.part, f.prefix, err)
+		return nil, fmt.Errorf("list %s under %s: %w", f.part, f.prefix, err)
 	}
 	f.st.update(func() { f.apply(resp.Kvs) })
 	f.st.problem(f.part, nil)
-	return resp.Header.Revision, nil
+	return resp.Header, nil
 }
 
 // run follows the prefix from revision rev, listed already, until ctx
@@ -146,9 +148,9 @@ func (f *prefixFollower) run(ctx context.Context, rev int64) {
 				return
 			}
 			delay = min(2*delay, uiRetryMax)
-			next, err := f.list(ctx)
+			h, err := f.list(ctx)
 			if err == nil {
-				rev = next
+				rev = h.Revision
 				break
 			}
 			if ctx.Err() != nil {
@@ -181,11 +183,11 @@ func (f *prefixFollower) watch(ctx context.Context, rev int64) (int64, error) {
 		if n := len(resp.Events); n == 0 || resp.Events[n-1].Kv.ModRevision <= rev {
 			continue // already listed
 		}
-		next, err := f.list(ctx)
+		h, err := f.list(ctx)
 		if err != nil {
 			return rev, err
 		}
-		rev = next
+		rev = h.Revision
 	}
 	return rev, errors.New("watch ended")
 }

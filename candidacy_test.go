@@ -534,6 +534,7 @@ func (f *deleteFaults) count() int {
 }
 
 func TestCandidacyTransientDelete(t *testing.T) {
+	t.Parallel()
 	// The shapes of the fault: one delete refused, and every delete
 	// refused for longer than a call's ctx.
 	shapes := []struct {
@@ -581,6 +582,7 @@ func TestCandidacyTransientDelete(t *testing.T) {
 	}
 	for _, sh := range shapes {
 		t.Run("a pooled Election's Resign and Close, and the withdrawal of a waiting campaign, that meet "+sh.name+" a transient error end no other term of the shared session", func(t *testing.T) {
+			t.Parallel() // each case on its own etcd
 			srv, cli := newEtcd(t)
 			f := &deleteFaults{}
 			es := lead(t, srv, f, 4)
@@ -635,6 +637,7 @@ func TestCandidacyTransientDelete(t *testing.T) {
 		})
 
 		t.Run("a permit's Release that meets "+sh.name+" a transient error ends no other permit of the session", func(t *testing.T) {
+			t.Parallel()
 			srv, cli := newEtcd(t)
 			f := &deleteFaults{}
 			s, err := NewSemaphore(testCtx(t), f.client(t, srv.ClientConfig()), SemaphoreOptions{Key: "/td/sem", Limit: 4, TTL: ttl * scale})
@@ -822,6 +825,7 @@ func puts(txn *pb.TxnRequest, prefix string) bool {
 }
 
 func TestCandidacyEdges(t *testing.T) {
+	t.Parallel()
 	t.Run("a waiter reads who is ahead only once etcd has registered its watch of deletes: a delete in between is not missed", func(t *testing.T) {
 		srv, _ := newEtcd(t)
 		const key = "/edge/watch"
@@ -1123,6 +1127,7 @@ func TestCandidacyEdges(t *testing.T) {
 }
 
 func TestCandidacyShardSetFaults(t *testing.T) {
+	t.Parallel()
 	t.Run("after a del --prefix of a shard set's whole Prefix, members included, every shard is owned again by its top member alone, each Guard holding", func(t *testing.T) {
 		srv, l, shards, hosts := shFleet(t, 8, 3)
 		shStartAll(t, l, hosts, ShardOptions{Shards: shards, TTL: 5 * time.Second * scale})

@@ -31,6 +31,7 @@ var (
 )
 
 func TestSignalConvention(t *testing.T) {
+	t.Parallel()
 	cases := map[SignalKind]sigCase{}
 	for _, c := range []sigCase{
 		{SignalRegistered, sigRegistered}, {SignalHealAttempt, sigHealAttempt},
@@ -59,6 +60,7 @@ func TestSignalConvention(t *testing.T) {
 			t.Fatalf("signal kind %v has no case", k)
 		}
 		t.Run(k.String(), func(t *testing.T) {
+			t.Parallel() // each case on its own etcd
 			s := &signals{}
 			got, want := c.trigger(t, s)
 			sigCheck(t, k, got, want)

@@ -3,6 +3,7 @@ package coord
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-coord/coord/coordtest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -557,4 +559,131 @@ func TestHealthShardSet(t *testing.T) {
 			t.Fatalf("Healthy after Close: %v", err)
 		}
 	})
+}
+
+// TestHealthFaultShapes checks, for each long-lived type and each way etcd
+// stops answering (its process stopped, the link to it silent, its quorum
+// lost), that Healthy turns non-nil within the bound its doc states: a
+// third of the TTL and a second (the keeper's judgement, see
+// keeper.unanswered; a watcher: UnhealthyAfter and a second), and nil
+// again once etcd answers. Each object is busy, as in an outage that
+// matters: the host registered, the watcher following, an Election and a
+// pooled one leading, a permit held, a shard set owning its shards.
+func TestHealthFaultShapes(t *testing.T) {
+	t.Parallel() // long and bound by waits: see "Parallel tests" in helpers_test.go
+	ttl := 3 * time.Second * scale
+	watchBound := time.Second * scale
+	keeperBound := ttl/3 + min(ttl/6, time.Second)
+	// slack for the check's poll, a renewal answered just as etcd stopped
+	// answering, and a loaded machine.
+	slack := 500 * time.Millisecond * scale
+	shapes := []struct {
+		name  string
+		setup func(t *testing.T) (cli *clientv3.Client, fault, undo func())
+	}{
+		{"stopped", func(t *testing.T) (*clientv3.Client, func(), func()) {
+			srv, _ := newEtcd(t)
+			return srv.NewClient(t), srv.Stop, srv.Restart
+		}},
+		{"behind a silent link", func(t *testing.T) (*clientv3.Client, func(), func()) {
+			srv, _ := newEtcd(t)
+			px := srv.NewProxy(t)
+			return px.NewClient(t), px.Blackhole, px.Unblackhole
+		}},
+		{"without quorum", func(t *testing.T) (*clientv3.Client, func(), func()) {
+			c := coordtest.NewCluster(t, 3)
+			leader := c.Leader(testCtx(t))
+			var ours *coordtest.Member
+			var others []*coordtest.Member
+			for _, m := range c.Members() {
+				if ours == nil && m != leader {
+					ours = m
+				} else {
+					others = append(others, m)
+				}
+			}
+			return ours.NewClient(t),
+				func() {
+					for _, m := range others {
+						m.Stop()
+					}
+				},
+				func() {
+					for _, m := range others {
+						m.Restart()
+					}
+				}
+		}},
+	}
+	for _, sh := range shapes {
+		t.Run("etcd "+sh.name, func(t *testing.T) {
+			t.Parallel() // each shape on its own etcd
+			cli, fault, undo := sh.setup(t)
+			h := register(t, cli, "a", LivenessOptions{TTL: ttl})
+			w, err := NewHostWatcher(testCtx(t), cli, WatcherOptions{UnhealthyAfter: watchBound})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { w.Close() })
+			go func() {
+				for range w.Events() {
+				}
+			}()
+			e := etElection(t, cli, ElectionOptions{TTL: ttl})
+			etCampaign(t, e, "e")
+			p := ptPool(t, cli, PoolOptions{TTL: ttl})
+			pe := ptElection(t, p, "/pool/e")
+			etCampaign(t, pe, "pe")
+			s := smSemaphore(t, cli, SemaphoreOptions{Limit: 1, TTL: ttl})
+			smAcquire(t, s)
+			shards := shNames(4)
+			set, err := NewShardSet(testCtx(t), cli, ShardOptions{Host: h, Shards: shards, TTL: ttl, Run: idle})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { set.Close() })
+			eventually(t, "every shard owned", func() bool { return len(set.Owned()) == len(shards) })
+			checks := []struct {
+				name  string
+				c     Checker
+				bound time.Duration
+			}{
+				{"HostLiveness", h, keeperBound}, {"HostWatcher", w, watchBound + time.Second},
+				{"Election", e, keeperBound}, {"ElectionPool", p, keeperBound},
+				{"Semaphore", s, keeperBound}, {"ShardSet", set, keeperBound},
+			}
+			for _, c := range checks {
+				htHealthy(t, c.c)
+			}
+			// poll polls every check until each has said it is
+			// unhealthy (good false) or healthy (good true) once, and
+			// returns how long each took from since.
+			poll := func(since time.Time, good bool) []time.Duration {
+				took := make([]time.Duration, len(checks))
+				left := len(checks)
+				eventually(t, fmt.Sprintf("every check to say healthy: %v", good), func() bool {
+					for i, c := range checks {
+						if took[i] == 0 && (c.c.Healthy() == nil) == good {
+							took[i], left = time.Since(since), left-1
+						}
+					}
+					return left == 0
+				})
+				return took
+			}
+			fault()
+			cut := time.Now()
+			down := poll(cut, false)
+			undo()
+			back := time.Now()
+			up := poll(back, true)
+			for i, c := range checks {
+				t.Logf("%-12s unhealthy %6v after etcd stopped answering (bound %v), healthy %6v after it answered again",
+					c.name, down[i].Round(time.Millisecond), c.bound, up[i].Round(time.Millisecond))
+				if down[i] > c.bound+slack {
+					t.Errorf("%s: unhealthy %v after etcd stopped answering, bound %v", c.name, down[i], c.bound)
+				}
+			}
+		})
+	}
 }

@@ -1,7 +1,14 @@
 package coord
 
 import (
+	"context"
+	"fmt"
 	"maps"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -222,4 +229,130 @@ func TestShardSetResume(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestElectionShortCuts cuts a leader that keeps campaigning (the loop of
+// ExampleElection_Campaign_again) off again and again, each cut 0.6 of the
+// TTL, at a random point of its renewals' round: shorter than what is left
+// of its lease, longer than the step-down when it comes late in the
+// round. Its leadership never changes hands: the same token throughout,
+// the standby never leads, and while it has stepped down it does not
+// believe it leads. COORD_SOAK_CUTS sets the number of cuts (default 2),
+// COORD_SOAK_TTL the TTL (default rsTTL): BENCHMARKS.md's soak is
+// COORD_SOAK_CUTS=100 COORD_SOAK_TTL=10s.
+func TestElectionShortCuts(t *testing.T) {
+	t.Parallel() // long and bound by waits: see "Parallel tests" in helpers_test.go
+	cuts, ttl := 2, rsTTL()
+	if v := os.Getenv("COORD_SOAK_CUTS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 {
+			t.Fatalf("COORD_SOAK_CUTS=%q: want a number of cuts", v)
+		}
+		cuts = n
+	}
+	if v := os.Getenv("COORD_SOAK_TTL"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < time.Second || d%time.Second != 0 {
+			t.Fatalf("COORD_SOAK_TTL=%q: want whole seconds", v)
+		}
+		ttl = d
+	}
+	seed := time.Now().UnixNano()
+	rnd := rand.New(rand.NewPCG(uint64(seed), 0))
+	t.Logf("%d cuts of %v at TTL %v, seed %d", cuts, ttl*6/10, ttl, seed)
+
+	srv, cli := newEtcd(t)
+	p := srv.NewProxy(t)
+	t.Cleanup(p.Unpause)
+	s := &signals{}
+	a := etElection(t, p.NewClient(t), ElectionOptions{TTL: ttl, OnSignal: s.hook})
+	b := etElection(t, srv.NewClient(t), ElectionOptions{TTL: ttl})
+	etCampaign(t, a, "a")
+	token := a.Token()
+	standby := etQueue(t, testCtx(t), cli, b)
+
+	// a campaigns again each time it steps down.
+	ctx, cancel := context.WithCancel(testCtx(t))
+	var (
+		mu        sync.Mutex
+		stepDowns int
+		believed  []string    // what was wrong once it stepped down
+		again     []time.Time // when it led again after each
+	)
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		for ctx.Err() == nil {
+			select {
+			case <-a.Done():
+			case <-ctx.Done():
+				return
+			}
+			mu.Lock()
+			stepDowns++
+			if a.IsLeader() || a.Token() != 0 {
+				believed = append(believed, fmt.Sprintf("IsLeader %v, Token %d", a.IsLeader(), a.Token()))
+			}
+			mu.Unlock()
+			if err := a.Campaign(ctx, "a"); err == nil {
+				mu.Lock()
+				again = append(again, time.Now())
+				mu.Unlock()
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-ended
+	})
+
+	var back []time.Duration // from each heal that needed a resume to leading again
+	for range cuts {
+		// Somewhere in a renewal's round: sent every third of the TTL.
+		time.Sleep(time.Duration(rnd.Int64N(int64(ttl / 3))))
+		mu.Lock()
+		before := stepDowns
+		mu.Unlock()
+		p.Pause()
+		time.Sleep(ttl * 6 / 10) // the outage
+		p.Unpause()
+		healed := time.Now()
+		eventually(t, "a leading after the heal", func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(again) == stepDowns && a.IsLeader()
+		})
+		mu.Lock()
+		if stepDowns > before {
+			back = append(back, again[len(again)-1].Sub(healed))
+		}
+		mu.Unlock()
+		if a.Token() != token {
+			t.Fatalf("token %d after a cut, want %d", a.Token(), token)
+		}
+	}
+	select {
+	case r := <-standby:
+		t.Fatalf("the standby's Campaign returned: %v", r.err)
+	default:
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(believed) > 0 {
+		t.Fatalf("stepped down, it still believed it led: %v", believed)
+	}
+	resumed := len(s.of(SignalLeadershipResumed))
+	if resumed != stepDowns {
+		t.Fatalf("%d step-downs, %d resumes", stepDowns, resumed)
+	}
+	if c := candidates(t, cli, etPrefix); len(c) != 2 || c[0].CreateRevision != token {
+		t.Fatalf("candidates %v, want a's key created at %d, then b's", c, token)
+	}
+	slices.Sort(back)
+	var p50, worst time.Duration
+	if len(back) > 0 {
+		p50, worst = back[len(back)/2], back[len(back)-1]
+	}
+	t.Logf("%d cuts: %d stepped down and resumed, 0 leadership changes, token %d throughout; leading again %v (median) / %v (max) after the heal",
+		cuts, stepDowns, token, p50.Round(time.Millisecond), worst.Round(time.Millisecond))
 }

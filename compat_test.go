@@ -497,28 +497,41 @@ func newCompatCluster(t *testing.T, cfg coordtest.Config) *compatCluster {
 // members' status says.
 func (c *compatCluster) leader(t *testing.T) (int, uint64) {
 	t.Helper()
-	var lead uint64
-	ids := make([]uint64, len(c.members))
+	var (
+		i    int
+		lead uint64
+	)
 	eventually(t, "a leader", func() bool {
-		votes := map[uint64]int{}
-		for i, m := range c.members {
-			ctx, cancel := context.WithTimeout(testCtx(t), time.Second)
-			st, err := c.cli.Status(ctx, m.Endpoint())
-			cancel()
-			if err == nil {
-				ids[i] = st.Header.MemberId
-				votes[st.Leader]++
-			}
-		}
-		for id, n := range votes {
-			if id != 0 && n > len(c.members)/2 {
-				lead = id
-				return true
-			}
-		}
-		return false
+		i, lead = c.leaderNow(testCtx(t), -1)
+		return lead != 0
 	})
-	return slices.Index(ids, lead), lead
+	return i, lead
+}
+
+// leaderNow returns the index and the ID of the member a majority of the
+// members report as their leader, 0 and 0 if there is none; the member
+// of index down (-1: none) is not asked.
+func (c *compatCluster) leaderNow(ctx context.Context, down int) (int, uint64) {
+	ids := make([]uint64, len(c.members))
+	votes := map[uint64]int{}
+	for i, m := range c.members {
+		if i == down {
+			continue
+		}
+		sctx, cancel := context.WithTimeout(ctx, time.Second)
+		st, err := c.cli.Status(sctx, m.Endpoint())
+		cancel()
+		if err == nil {
+			ids[i] = st.Header.MemberId
+			votes[st.Leader]++
+		}
+	}
+	for id, n := range votes {
+		if id != 0 && n > len(c.members)/2 {
+			return slices.Index(ids, id), id
+		}
+	}
+	return 0, 0
 }
 
 // moveLeader hands etcd's leadership from the leader to another member
@@ -709,13 +722,25 @@ func TestCompatLeaderKill(t *testing.T) {
 		return len(tokens) == 3
 	})
 
-	lead, _ := c.leader(t)
+	lead, old := c.leader(t)
 	at := must(c.cli.Get(testCtx(t), "/")).Header.Revision
 	l.mu.Lock()
 	mark := len(l.events)
 	l.mu.Unlock()
 	c.members[lead].Stop()
 	killed := time.Now()
+	// How long raft takes to elect a new leader, asked of the members
+	// meanwhile: what coord adds is the rest.
+	elected, ctx := make(chan time.Duration, 1), testCtx(t)
+	go func() {
+		for ctx.Err() == nil {
+			if _, id := c.leaderNow(ctx, lead); id != 0 && id != old {
+				elected <- time.Since(killed)
+				return
+			}
+			time.Sleep(10 * time.Millisecond) // polling etcd's status
+		}
+	}()
 	eventually(t, "every shard written again", func() bool {
 		last := map[string]int64{}
 		for _, w := range l.acked() {
@@ -729,6 +754,7 @@ func TestCompatLeaderKill(t *testing.T) {
 		return true
 	})
 	written := time.Since(killed)
+	raft := receive(t, elected, "a new etcd leader")
 	// A session whose last renewal was answered just before the kill may
 	// step down after the first writes: its shards come back, same owner
 	// and token, once etcd answers it.
@@ -763,5 +789,5 @@ func TestCompatLeaderKill(t *testing.T) {
 	terms := tokens["leader"]
 	mu.Unlock()
 	compatFigures(t, "leader-kill", "ttl", ttl, "shards", len(shards), "stepped-down", stepped, "moved", moved,
-		"written-again", written, "owned-again", reowned, "leader-terms", len(terms), "tokens-changed", changed)
+		"raft-elected", raft, "written-again", written, "written-after-raft", written-raft, "owned-again", reowned, "leader-terms", len(terms), "tokens-changed", changed)
 }

@@ -128,8 +128,12 @@ type candidate struct {
 
 // Shard is a shard we own, as Run is given it.
 type Shard struct {
-	Name  string
-	Token int64        // fencing token of this ownership: the election's
+	Name string
+	// Token is the fencing token of this ownership: the create revision
+	// of our candidate key in the shard's election. A later ownership of
+	// the shard, ours or another member's, has a greater one (on the same
+	// etcd: see SignalEtcdReplaced); a resume after a step-down keeps it.
+	Token int64
 	Guard clientv3.Cmp // a Txn condition that holds only while this ownership lasts
 }
 

@@ -269,10 +269,12 @@ func TestElectionShortCuts(t *testing.T) {
 	b := etElection(t, srv.NewClient(t), ElectionOptions{TTL: ttl})
 	etCampaign(t, a, "a")
 	token := a.Token()
-	standby := etQueue(t, testCtx(t), cli, b)
+	// The campaigns last as long as the cuts: longer than testCtx's
+	// patience for a soak.
+	ctx, cancel := context.WithCancel(context.Background())
+	standby := etQueue(t, ctx, cli, b)
 
 	// a campaigns again each time it steps down.
-	ctx, cancel := context.WithCancel(testCtx(t))
 	var (
 		mu        sync.Mutex
 		stepDowns int

@@ -138,12 +138,22 @@ func TestCompat(t *testing.T) {
 		{"pool", testCompatPool},
 		{"shardset", testCompatShardSet},
 		{"semaphore", testCompatSemaphore},
+		{"short-cuts", testCompatShortCuts},
 	} {
 		t.Run(p.name, func(t *testing.T) {
 			t.Parallel()
 			p.test(t)
 		})
 	}
+}
+
+// testCompatShortCuts: a leader cut off for 0.6 of the TTL, twice, keeps
+// its leadership and token (see TestElectionShortCuts).
+func testCompatShortCuts(t *testing.T) {
+	ttl := compatTTL()
+	stepDowns, p50, worst := shortCuts(t, compatEtcd(t), 2, ttl)
+	compatFigures(t, "short-cuts", "ttl", ttl, "cuts", 2, "stepped-down", stepDowns,
+		"led-again-p50", p50, "led-again-max", worst)
 }
 
 // testCompatLiveness: a registration is seen Up; it heals when its lease

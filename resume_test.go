@@ -257,16 +257,28 @@ func TestElectionShortCuts(t *testing.T) {
 		}
 		ttl = d
 	}
+	srv, _ := newEtcd(t)
+	stepDowns, p50, worst := shortCuts(t, srv, cuts, ttl)
+	t.Logf("%d cuts: %d stepped down and resumed, 0 leadership changes, the token unchanged; leading again %v (median) / %v (max) after the heal",
+		cuts, stepDowns, p50.Round(time.Millisecond), worst.Round(time.Millisecond))
+}
+
+// shortCuts cuts a leader of an election on e off cuts times, each for
+// 0.6 of ttl (see TestElectionShortCuts), and returns how many times it
+// stepped down, and how long it took to lead again after the heal, at the
+// median and at worst.
+func shortCuts(t *testing.T, e coordtest.Etcd, cuts int, ttl time.Duration) (stepDowns int, p50, worst time.Duration) {
+	t.Helper()
 	seed := time.Now().UnixNano()
 	rnd := rand.New(rand.NewPCG(uint64(seed), 0))
 	t.Logf("%d cuts of %v at TTL %v, seed %d", cuts, ttl*6/10, ttl, seed)
 
-	srv, cli := newEtcd(t)
-	p := srv.NewProxy(t)
+	cli := e.Client()
+	p := e.NewProxy(t)
 	t.Cleanup(p.Unpause)
 	s := &signals{}
 	a := etElection(t, p.NewClient(t), ElectionOptions{TTL: ttl, OnSignal: s.hook})
-	b := etElection(t, srv.NewClient(t), ElectionOptions{TTL: ttl})
+	b := etElection(t, e.NewClient(t), ElectionOptions{TTL: ttl})
 	etCampaign(t, a, "a")
 	token := a.Token()
 	// The campaigns last as long as the cuts: longer than testCtx's
@@ -276,10 +288,9 @@ func TestElectionShortCuts(t *testing.T) {
 
 	// a campaigns again each time it steps down.
 	var (
-		mu        sync.Mutex
-		stepDowns int
-		believed  []string    // what was wrong once it stepped down
-		again     []time.Time // when it led again after each
+		mu       sync.Mutex
+		believed []string    // what was wrong once it stepped down
+		again    []time.Time // when it led again after each
 	)
 	ended := make(chan struct{})
 	go func() {
@@ -351,10 +362,8 @@ func TestElectionShortCuts(t *testing.T) {
 		t.Fatalf("candidates %v, want a's key created at %d, then b's", c, token)
 	}
 	slices.Sort(back)
-	var p50, worst time.Duration
 	if len(back) > 0 {
 		p50, worst = back[len(back)/2], back[len(back)-1]
 	}
-	t.Logf("%d cuts: %d stepped down and resumed, 0 leadership changes, token %d throughout; leading again %v (median) / %v (max) after the heal",
-		cuts, stepDowns, token, p50.Round(time.Millisecond), worst.Round(time.Millisecond))
+	return stepDowns, p50, worst
 }

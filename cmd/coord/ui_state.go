@@ -19,7 +19,9 @@ import (
 // script show the same text.
 type uiView struct {
 	Version    uint64          `json:"version"`
-	Hosts      []uiHost        `json:"hosts"` // by HostUUID, the down ones too
+	Hosts      []uiHost        `json:"hosts"` // the down ones first, then by HostUUID
+	Live       int             `json:"live"` // how many hosts are live
+	Down       int             `json:"down"` // and down
 	Elections  []uiElection    `json:"elections"`
 	Shards     uiShards        `json:"shards"`
 	Semaphores []semaphoreInfo `json:"semaphores"`
@@ -31,6 +33,9 @@ type uiView struct {
 	// is then set, and every value is as read last.
 	Etcd  string `json:"etcd"`
 	Stale bool   `json:"stale"`
+	// Warnings are what an operator should look at: a shard without an
+	// owner or a standby, a member owning far more than its share.
+	Warnings []string `json:"warnings"`
 	// Names are the hostnames of the hosts known, by HostUUID: the page
 	// shows a host by its name wherever it appears (its UUID on hover).
 	Names map[string]string `json:"names"`
@@ -83,8 +88,9 @@ type uiShards struct {
 // uiMember is a member announcement of the shard set.
 type uiMember struct {
 	coord.ShardMember
-	Live bool `json:"live"` // its host is live
-	Owns int  `json:"owns"`
+	Live  bool   `json:"live"` // its host is live
+	Owns  int    `json:"owns"`
+	Share string `json:"share"` // of the shards it owns, and its weight's share: "25% of 4 (weight: 50%)"
 }
 
 // uiShard is a shard: its owner and standbys, and whether it is moving.
@@ -258,7 +264,7 @@ func (s *uiState) view() (uiView, <-chan struct{}) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	v := uiView{Version: s.version, Hosts: []uiHost{}, Elections: s.elections, Semaphores: s.sems, Problems: []string{},
-		Names: map[string]string{}}
+		Names: map[string]string{}, Warnings: []string{}}
 	for _, id := range slices.Sorted(maps.Keys(s.hosts)) {
 		h := s.hosts[id]
 		up := h.up
@@ -271,10 +277,23 @@ func (s *uiState) view() (uiView, <-chan struct{}) {
 		}
 		if !h.downAt.IsZero() {
 			uh.Down, uh.DownAt, uh.TTL = true, h.downAt.Format(timestamp), "down"
+			v.Down++
+		} else {
+			v.Live++
 		}
 		v.Hosts = append(v.Hosts, uh)
 	}
-	v.Shards = s.shardsViewLocked()
+	// Down hosts first: they are what an operator looks for.
+	slices.SortStableFunc(v.Hosts, func(a, b uiHost) int {
+		switch {
+		case a.Down == b.Down:
+			return 0
+		case a.Down:
+			return -1
+		}
+		return 1
+	})
+	v.Shards, v.Warnings = s.shardsViewLocked()
 	for _, part := range slices.Sorted(maps.Keys(s.problems)) {
 		v.Problems = append(v.Problems, part+": "+s.problems[part])
 	}
@@ -297,13 +316,26 @@ func (s *uiState) liveLocked(host string) bool {
 }
 
 // shardsViewLocked is the shard set as the view shows it: each shard
-// with its move in flight, if any, judged as the members judge it.
-func (s *uiState) shardsViewLocked() uiShards {
+// with its move in flight, if any, judged as the members judge it; and
+// the warnings of what looks wrong (see uiView.Warnings).
+func (s *uiState) shardsViewLocked() (uiShards, []string) {
 	v := uiShards{Prefix: s.shardsPrefix, Members: []uiMember{}, Shards: []uiShard{}}
+	warn := []string{}
 	owns := map[string]int{}
+	live := 0 // members that take shards: live, not draining
+	weights := 0.0
+	for id, m := range s.members {
+		if s.liveLocked(id) && !m.Draining {
+			live++
+			weights += m.Weight
+		}
+	}
 	for _, sh := range s.shards {
 		u := uiShard{shardInfo: sh}
 		owns[sh.Owner.Identity]++
+		if len(sh.Standbys) == 0 && live > 1 {
+			warn = append(warn, fmt.Sprintf("shard %s has no standby", sh.Shard))
+		}
 		if !s.liveLocked(sh.Owner.Identity) {
 			u.Moving = "failover: owner down"
 		} else if by := s.outrankedLocked(sh); by != "" {
@@ -318,9 +350,30 @@ func (s *uiState) shardsViewLocked() uiShards {
 		v.Shards = append(v.Shards, u)
 	}
 	for _, id := range slices.Sorted(maps.Keys(s.members)) {
-		v.Members = append(v.Members, uiMember{ShardMember: s.members[id], Live: s.liveLocked(id), Owns: owns[id]})
+		m := uiMember{ShardMember: s.members[id], Live: s.liveLocked(id), Owns: owns[id]}
+		if n := len(s.shards); n > 0 {
+			share, fair := float64(m.Owns)/float64(n), 0.0
+			if m.Live && !m.Draining && weights > 0 {
+				fair = m.Weight / weights
+			}
+			m.Share = fmt.Sprintf("%.0f%% of %d (weight: %.0f%%)", 100*share, n, 100*fair)
+			// Far more: half as much again as its weight's share, and
+			// two shards at least (a share of a few shards is coarse).
+			if float64(m.Owns) > 1.5*fair*float64(n) && float64(m.Owns)-fair*float64(n) >= 2 {
+				warn = append(warn, fmt.Sprintf("%s owns %s", s.nameLocked(id), m.Share))
+			}
+		}
+		v.Members = append(v.Members, m)
 	}
-	return v
+	return v, warn
+}
+
+// nameLocked returns the hostname of host, its UUID if none is known.
+func (s *uiState) nameLocked(host string) string {
+	if h := s.hosts[host]; h != nil && h.meta.Hostname != "" {
+		return h.meta.Hostname
+	}
+	return host
 }
 
 // outrankedLocked returns the standby of sh that ranks before its owner,

@@ -75,7 +75,8 @@ func newUIFleet(t *testing.T) *uiFleet {
 }
 
 // startShards runs a ShardSet of four shards on the given hosts, and
-// waits until every shard has an owner and a standby.
+// waits until every shard is owned by the host that ranks first for it,
+// with a standby: no move in flight.
 func (f *uiFleet) startShards(t *testing.T, hosts ...string) {
 	t.Helper()
 	for _, id := range hosts {
@@ -88,9 +89,11 @@ func (f *uiFleet) startShards(t *testing.T, hosts ...string) {
 		}
 		t.Cleanup(func() { set.Close() })
 	}
-	eventually(t, "every shard owned, with a standby", func() bool {
+	eventually(t, "every shard owned by its first-ranked host, with a standby", func() bool {
 		shards, err := listShards(tctx(t), f.srv.Client(), coord.ShardsPrefix, coord.HostsPrefix, io.Discard)
-		return err == nil && len(shards) == 4 && !slices.ContainsFunc(shards, func(s shardInfo) bool { return len(s.Standbys) != 1 })
+		return err == nil && len(shards) == 4 && !slices.ContainsFunc(shards, func(s shardInfo) bool {
+			return len(s.Standbys) != 1 || s.Owner.Identity != coord.RankHosts(s.Shard, hosts)[0]
+		})
 	})
 }
 
@@ -332,7 +335,7 @@ func TestUIShardMoves(t *testing.T) {
 	moving := func() string {
 		st.mu.Lock()
 		defer st.mu.Unlock()
-		v := st.shardsViewLocked()
+		v, _ := st.shardsViewLocked()
 		if n := len(v.Shards[0].Moving) / max(1, len(v.Shards[0].Moving)); v.Moving != n {
 			t.Errorf("%d moves in flight, want %d", v.Moving, n)
 		}
@@ -534,5 +537,48 @@ func TestUIEtcdReplaced(t *testing.T) {
 	t.Logf("the page matched the new etcd %v after it replaced the old", time.Since(replaced).Round(time.Millisecond))
 	if _, body := getAs(t, url+"state", "127.0.0.1"); !strings.Contains(body, "etcd replaced or restored at ") {
 		t.Fatalf("/state does not say etcd was replaced:\n%s", body)
+	}
+}
+
+// TestUIOverview checks what an operator looks for first: how many hosts
+// are live and down, the down ones listed first, each member's share of
+// the shards next to its weight's, and warnings for a shard without a
+// standby and a member owning far more than its weight's share.
+func TestUIOverview(t *testing.T) {
+	st := newUIState(coord.ShardsPrefix)
+	now := time.Now()
+	for _, id := range []string{"h1", "h2", "h3", "h4"} {
+		st.noteHost(coord.HostEvent{Kind: coord.HostUp, HostUUID: id, Metadata: coord.HostMetadata{HostUUID: id, Hostname: "node-" + id}}, now)
+	}
+	st.noteHost(coord.HostEvent{Kind: coord.HostDown, HostUUID: "h4", Metadata: coord.HostMetadata{HostUUID: "h4"}}, now)
+	for _, id := range []string{"h1", "h2", "h3"} {
+		st.members[id] = coord.ShardMember{HostUUID: id, Weight: 1}
+	}
+	// h1 owns 5 of 6 shards (its share is a third), h2 one; one shard
+	// has no standby.
+	for i := range 6 {
+		owner, standby := "h1", []shardCandidate{{Identity: "h2"}}
+		if i == 5 {
+			owner = "h2"
+		}
+		if i == 0 {
+			standby = nil
+		}
+		st.shards = append(st.shards, shardInfo{Shard: fmt.Sprintf("s%d", i), Owner: shardCandidate{Identity: owner}, Standbys: standby})
+	}
+	v, _ := st.view()
+	if v.Live != 3 || v.Down != 1 || len(v.Hosts) != 4 || v.Hosts[0].HostUUID != "h4" || v.Hosts[1].HostUUID != "h1" {
+		t.Fatalf("live %d, down %d, hosts in order %v; want 3, 1, h4 first then by UUID", v.Live, v.Down, v.Hosts)
+	}
+	want := []string{"shard s0 has no standby", "node-h1 owns 83% of 6 (weight: 33%)"}
+	if !slices.Equal(v.Warnings, want) {
+		t.Fatalf("warnings %q, want %q", v.Warnings, want)
+	}
+	shares := map[string]string{}
+	for _, m := range v.Shards.Members {
+		shares[m.HostUUID] = m.Share
+	}
+	if shares["h2"] != "17% of 6 (weight: 33%)" || shares["h3"] != "0% of 6 (weight: 33%)" {
+		t.Fatalf("shares %v", shares)
 	}
 }

@@ -67,6 +67,10 @@ type uiHost struct {
 	DownAt  string `json:"down_at,omitempty"`
 	TTL     string `json:"ttl"` // the lease's time left, "" until read
 	Labels  string `json:"labels_text"`
+	// Roles is what the host leads, owns and holds: the elections and
+	// permits whose identity is its UUID or its hostname, and the shards
+	// it owns.
+	Roles string `json:"roles"`
 }
 
 // uiElection is an election under --elections: its leader and the
@@ -294,6 +298,9 @@ func (s *uiState) view() (uiView, <-chan struct{}) {
 		return 1
 	})
 	v.Shards, v.Warnings = s.shardsViewLocked()
+	for i := range v.Hosts {
+		v.Hosts[i].Roles = s.rolesLocked(v.Hosts[i].HostMetadata, v.Shards.Shards)
+	}
 	for _, part := range slices.Sorted(maps.Keys(s.problems)) {
 		v.Problems = append(v.Problems, part+": "+s.problems[part])
 	}
@@ -366,6 +373,38 @@ func (s *uiState) shardsViewLocked() (uiShards, []string) {
 		v.Members = append(v.Members, m)
 	}
 	return v, warn
+}
+
+// rolesLocked says what the host of meta leads, owns and holds (see
+// uiHost.Roles), "" if nothing.
+func (s *uiState) rolesLocked(meta coord.HostMetadata, shards []uiShard) string {
+	is := func(identity string) bool {
+		return identity == meta.HostUUID || meta.Hostname != "" && identity == meta.Hostname
+	}
+	var roles []string
+	for _, e := range s.elections {
+		if is(e.Leader.Identity) {
+			roles = append(roles, "leads "+e.Key)
+		}
+	}
+	owns := 0
+	for _, sh := range shards {
+		if is(sh.Owner.Identity) {
+			owns++
+		}
+	}
+	switch {
+	case owns == 1:
+		roles = append(roles, "owns 1 shard")
+	case owns > 1:
+		roles = append(roles, fmt.Sprintf("owns %d shards", owns))
+	}
+	for _, sem := range s.sems {
+		if slices.ContainsFunc(sem.Holders, func(p permitInfo) bool { return is(p.Identity) }) {
+			roles = append(roles, "holds a permit of "+sem.Key)
+		}
+	}
+	return strings.Join(roles, "; ")
 }
 
 // nameLocked returns the hostname of host, its UUID if none is known.

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"slices"
@@ -541,7 +542,8 @@ func TestUIEtcdReplaced(t *testing.T) {
 }
 
 // TestUIOverview checks what an operator looks for first: how many hosts
-// are live and down, the down ones listed first, each member's share of
+// are live and down, the down ones listed first, what each leads, owns
+// and holds (by its UUID or its hostname), each member's share of
 // the shards next to its weight's, and warnings for a shard without a
 // standby and a member owning far more than its weight's share.
 func TestUIOverview(t *testing.T) {
@@ -566,7 +568,16 @@ func TestUIOverview(t *testing.T) {
 		}
 		st.shards = append(st.shards, shardInfo{Shard: fmt.Sprintf("s%d", i), Owner: shardCandidate{Identity: owner}, Standbys: standby})
 	}
+	st.elections = []uiElection{{Key: "/coord/elections/e", Leader: permitInfo{Identity: "node-h1"}}}
+	st.sems = []semaphoreInfo{{Key: "/coord/semaphores/m", Limit: 1, Holders: []permitInfo{{Identity: "h2"}}}}
 	v, _ := st.view()
+	roles := map[string]string{}
+	for _, h := range v.Hosts {
+		roles[h.HostUUID] = h.Roles
+	}
+	if want := map[string]string{"h1": "leads /coord/elections/e; owns 5 shards", "h2": "owns 1 shard; holds a permit of /coord/semaphores/m", "h3": "", "h4": ""}; !maps.Equal(roles, want) {
+		t.Errorf("roles %q, want %q", roles, want)
+	}
 	if v.Live != 3 || v.Down != 1 || len(v.Hosts) != 4 || v.Hosts[0].HostUUID != "h4" || v.Hosts[1].HostUUID != "h1" {
 		t.Fatalf("live %d, down %d, hosts in order %v; want 3, 1, h4 first then by UUID", v.Live, v.Down, v.Hosts)
 	}

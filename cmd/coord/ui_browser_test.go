@@ -111,6 +111,21 @@ func TestUIBrowser(t *testing.T) {
 	poll("leader-2 shown leading", `document.querySelector('tr[data-election="`+uiTestElection+`"] td.leader').textContent === "leader-2"`)
 	t.Logf("Resign -> the new leader in the DOM %v", time.Since(start))
 
+	// Down hosts first; the filter box shows the rows that hold its text.
+	if order := str(`[...document.querySelectorAll("#hosts tr")].map(r => r.dataset.host).join(" ")`); order != "host-c host-a host-b host-evil" {
+		t.Errorf("hosts in the DOM: %v, want host-c, down, first", order)
+	}
+	filtered := func(q string) any {
+		return str(`var f = document.getElementById("filter"); f.value = "` + q + `"; f.dispatchEvent(new Event("input"));
+			[...document.querySelectorAll("#hosts tr")].filter(r => !r.hidden).map(r => r.dataset.host).join(" ")`)
+	}
+	if shown := filtered("NODE-A"); shown != "host-a" {
+		t.Errorf("hosts shown with the filter NODE-A: %q, want host-a", shown)
+	}
+	if shown := filtered(""); shown != "host-c host-a host-b host-evil" {
+		t.Errorf("hosts shown with the filter cleared: %q", shown)
+	}
+
 	shot := eval("screenshot", func(ctx context.Context, tg *chromedp.Target) (any, error) {
 		return chromedp.Run(ctx, chromedp.FullScreenshot(100)) // 100: a PNG
 	}).([]byte)

@@ -20,8 +20,8 @@ import (
 type uiView struct {
 	Version    uint64          `json:"version"`
 	Hosts      []uiHost        `json:"hosts"` // the down ones first, then by HostUUID
-	Live       int             `json:"live"` // how many hosts are live
-	Down       int             `json:"down"` // and down
+	Live       int             `json:"live"`  // how many hosts are live
+	Down       int             `json:"down"`  // and down
 	Elections  []uiElection    `json:"elections"`
 	Shards     uiShards        `json:"shards"`
 	Semaphores []semaphoreInfo `json:"semaphores"`

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -54,7 +55,11 @@ shard ever ran on two agents at once. Last, four agents share a Semaphore
 of two permits: two hold, two wait in line, a holder crashes and its
 permit ends before its slot goes to the first in line. A crash is
 simulated by closing the agent's client without stopping anything, so
-its leases are left to expire.`, false)
+its leases are left to expire.
+
+With --endpoints, the acts run against that etcd instead of an embedded
+one: an etcd of its own (coord etcd, say), as the demo writes under /coord/
+and expects nothing of another fleet there.`, true)
 	ui := demoUIFlag(c)
 	ttl := c.Duration("ttl", demoTTL, "`TTL` of the agents' leases and sessions, 1s or more (a slow machine: longer)")
 	pos, err := c.parse(args, stdout, 0)
@@ -67,7 +72,46 @@ its leases are left to expire.`, false)
 	if *ttl < time.Second || *ttl%time.Second != 0 {
 		return usagef("--ttl %v: want whole seconds, 1s or more", *ttl)
 	}
-	return runDemo(ctx, stdout, ui.addr, *ttl)
+	external := false
+	c.Visit(func(f *flag.Flag) { external = external || f.Name == "endpoints" })
+	if !external {
+		return runDemo(ctx, stdout, ui.addr, *ttl, nil)
+	}
+	if err := c.conn.check(); err != nil {
+		return err
+	}
+	var (
+		mu      sync.Mutex
+		clients []*clientv3.Client
+	)
+	// Every client dialled is closed at the end, the crashed agents' again
+	// (harmless), as the embedded etcd's Close does.
+	defer func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, cli := range clients {
+			cli.Close()
+		}
+	}()
+	return runDemo(ctx, stdout, ui.addr, *ttl, &demoEtcd{
+		endpoint: strings.Join(c.conn.endpointList(), ","),
+		dial: func() (*clientv3.Client, error) {
+			cli, err := c.conn.connect(ctx)
+			if err == nil {
+				mu.Lock()
+				clients = append(clients, cli)
+				mu.Unlock()
+			}
+			return cli, err
+		},
+	})
+}
+
+// demoEtcd is the etcd of the demo: where it is, and how an agent dials
+// it (a client of its own each).
+type demoEtcd struct {
+	endpoint string
+	dial     func() (*clientv3.Client, error)
 }
 
 // demoAgent is a simulated agent: a host with its own etcd client.
@@ -103,7 +147,7 @@ type demo struct {
 	wait   time.Duration // bounds every wait
 	pace   time.Duration // how long each act's outcome stays before the next act: on the page only
 	log    *demoLog
-	srv    *coordtest.Standalone
+	etcd   *demoEtcd
 	agents []*demoAgent
 	byUUID map[string]*demoAgent // fixed before the watcher starts
 	cli    *clientv3.Client      // the watcher's, also used to look around
@@ -135,31 +179,38 @@ type shardMove struct {
 	at       time.Time     // when the Run of to started
 }
 
-func runDemo(ctx context.Context, stdout io.Writer, uiAddr string, ttl time.Duration) (err error) {
+// runDemo runs the demo on etcd, an embedded one if nil.
+func runDemo(ctx context.Context, stdout io.Writer, uiAddr string, ttl time.Duration, etcd *demoEtcd) (err error) {
 	start := time.Now()
 	log := &demoLog{w: stdout}
-	dir, err := os.MkdirTemp("", "coord-demo-")
-	if err != nil {
-		return fmt.Errorf("demo: %w", err)
+	const cast = "4 agents, 3 of them in an election; a ShardSet of 4 more; a Semaphore of 4 more; with a drain and crashes"
+	if etcd == nil {
+		dir, err := os.MkdirTemp("", "coord-demo-")
+		if err != nil {
+			return fmt.Errorf("demo: %w", err)
+		}
+		defer os.RemoveAll(dir)
+		log.printf("demo", "on an embedded etcd: "+cast)
+		log.printf("demo", "starting the embedded etcd")
+		srv, err := coordtest.Start(dir, coordtest.Config{})
+		if err != nil {
+			return fmt.Errorf("demo: %w", err)
+		}
+		defer srv.Close()
+		etcd = &demoEtcd{endpoint: srv.Endpoint(), dial: srv.Dial}
+	} else {
+		log.printf("demo", "on the etcd at %s: "+cast, etcd.endpoint)
 	}
-	defer os.RemoveAll(dir)
-	log.printf("demo", "on an embedded etcd: 4 agents, 3 of them in an election; a ShardSet of 4 more; a Semaphore of 4 more; with a drain and crashes")
-	log.printf("demo", "starting the embedded etcd")
-	srv, err := coordtest.Start(dir, coordtest.Config{})
-	if err != nil {
-		return fmt.Errorf("demo: %w", err)
-	}
-	defer srv.Close()
-	log.printf("demo", "etcd ready at %s", srv.Endpoint())
+	log.printf("demo", "etcd ready at %s", etcd.endpoint)
 	if uiAddr != "" {
-		stopUI, err := startDemoUI(ctx, srv, uiAddr, log)
+		stopUI, err := startDemoUI(ctx, etcd, uiAddr, log)
 		if err != nil {
 			return fmt.Errorf("demo: %w", err)
 		}
 		defer stopUI()
 	}
 
-	d := &demo{log: log, srv: srv, ttl: ttl, wait: time.Duration(float64(demoWait) * float64(ttl) / float64(demoTTL)), byUUID: map[string]*demoAgent{}, marks: map[*demoAgent]demoMark{},
+	d := &demo{log: log, etcd: etcd, ttl: ttl, wait: time.Duration(float64(demoWait) * float64(ttl) / float64(demoTTL)), byUUID: map[string]*demoAgent{}, marks: map[*demoAgent]demoMark{},
 		running: map[string]*demoAgent{}, lastRun: map[string]*demoAgent{}, returned: map[string]time.Time{}}
 	defer func() {
 		if serr := d.shutdown(); err == nil {
@@ -799,7 +850,7 @@ func shardRank(shard string, hosts []string) []string { return coord.RankHosts(s
 // startWatcher starts the host watcher, on its own client, and a consumer
 // that prints its events.
 func (d *demo) startWatcher(ctx context.Context) error {
-	cli, err := d.srv.Dial()
+	cli, err := d.etcd.dial()
 	if err != nil {
 		return err
 	}
@@ -858,7 +909,7 @@ func notify(ch chan struct{}) {
 // register gives a its own client and registers its host, and waits for
 // the watcher to see it.
 func (d *demo) register(ctx context.Context, a *demoAgent) error {
-	cli, err := d.srv.Dial()
+	cli, err := d.etcd.dial()
 	if err != nil {
 		return err
 	}
@@ -1166,7 +1217,7 @@ func (d *demo) semaphoreRelease(ctx context.Context, agents []*demoAgent, first,
 
 // joinSemaphore gives a its own client and its Semaphore.
 func (d *demo) joinSemaphore(ctx context.Context, a *demoAgent) error {
-	cli, err := d.srv.Dial()
+	cli, err := d.etcd.dial()
 	if err != nil {
 		return err
 	}

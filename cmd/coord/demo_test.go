@@ -40,6 +40,27 @@ func TestDemo(t *testing.T) {
 		}
 	})
 
+	t.Run("with --endpoints, the acts run against that etcd", func(t *testing.T) {
+		_, ep, cli := newEtcd(t)
+		r := runCoord(t, "demo", "--ttl", demoTestTTL.String(), "--endpoints", ep)
+		if r.code != exitOK || r.stderr != "" {
+			t.Fatalf("status %d, stderr %q\n%s", r.code, r.stderr, r.stdout)
+		}
+		if !strings.Contains(r.stdout, "on the etcd at "+ep+": ") {
+			t.Fatalf("the demo does not say it runs on %s:\n%s", ep, r.stdout)
+		}
+		checkDemoLines(t, r.stdout)
+		checkDemoTokens(t, r.stdout)
+		// Its fleet was that etcd's: it wrote there.
+		resp, err := cli.Get(tctx(t), "/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rev := resp.Header.Revision; rev < 50 {
+			t.Fatalf("the etcd the demo ran on is at revision %d: it did not run there", rev)
+		}
+	})
+
 	t.Run("Ctrl-C ends it early and cleanly", func(t *testing.T) {
 		d := startCoord(t, "demo", "--ttl", demoTestTTL.String())
 		d.waitOutput(t, d.stdout, "node-4 crashes")

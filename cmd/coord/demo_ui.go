@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/go-coord/coord"
-	"github.com/go-coord/coord/coordtest"
 )
 
 // demoUIDefault is where coord demo --ui serves the page: coord ui's
@@ -66,12 +65,12 @@ func (u *demoUI) address(pos []string) error {
 // its address and waits, for demoViewerWait at most, for the page to be
 // opened, so that whoever opens it sees every act. stop shuts the page
 // down and waits for it.
-func startDemoUI(ctx context.Context, srv *coordtest.Standalone, addr string, log *demoLog) (stop func(), err error) {
+func startDemoUI(ctx context.Context, etcd *demoEtcd, addr string, log *demoLog) (stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("ui: %w", err)
 	}
-	cli, err := srv.Dial()
+	cli, err := etcd.dial()
 	if err != nil {
 		ln.Close()
 		return nil, err
@@ -79,7 +78,7 @@ func startDemoUI(ctx context.Context, srv *coordtest.Standalone, addr string, lo
 	uctx, cancel := context.WithCancel(ctx)
 	ready, viewed := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	cfg := uiConfig{endpoints: srv.Endpoint(), hostsPrefix: coord.HostsPrefix, electionsPrefix: "/coord/elections/",
+	cfg := uiConfig{endpoints: etcd.endpoint, hostsPrefix: coord.HostsPrefix, electionsPrefix: "/coord/elections/",
 		shardsPrefix: coord.ShardsPrefix, semPfx: "/coord/semaphores/", onViewer: func() { once.Do(func() { close(viewed) }) }}
 	served := make(chan error, 1)
 	go func() {

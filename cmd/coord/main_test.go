@@ -249,7 +249,7 @@ func TestUsage(t *testing.T) {
 			{[]string{"acquire", "/s/x", "id", "extra", "--limit", "1"}, "too many arguments: want KEY [IDENTITY]"},
 			{[]string{"acquire", "/s/x", "--limit", "1", "--ttl", "0s"}, "whole number of seconds"},
 			{[]string{"acquire", "/s/x/", "--limit", "1"}, "no trailing /"},
-			{[]string{"--endpoints", "127.0.0.1:2379", "demo"}, "flag provided but not defined: -endpoints"},
+			{[]string{"demo", "--endpoints", " , "}, "no endpoint given"},
 			{[]string{"demo", "now"}, `unexpected argument "now"`},
 		} {
 			r := runCoord(t, tc.args...)

@@ -298,8 +298,9 @@ func (s *uiState) view() (uiView, <-chan struct{}) {
 		return 1
 	})
 	v.Shards, v.Warnings = s.shardsViewLocked()
+	roles := s.rolesLocked(v.Shards.Shards)
 	for i := range v.Hosts {
-		v.Hosts[i].Roles = s.rolesLocked(v.Hosts[i].HostMetadata, v.Shards.Shards)
+		v.Hosts[i].Roles = roles.of(s, v.Hosts[i].HostMetadata)
 	}
 	for _, part := range slices.Sorted(maps.Keys(s.problems)) {
 		v.Problems = append(v.Problems, part+": "+s.problems[part])
@@ -375,23 +376,58 @@ func (s *uiState) shardsViewLocked() (uiShards, []string) {
 	return v, warn
 }
 
-// rolesLocked says what the host of meta leads, owns and holds (see
-// uiHost.Roles), "" if nothing.
-func (s *uiState) rolesLocked(meta coord.HostMetadata, shards []uiShard) string {
-	is := func(identity string) bool {
-		return identity == meta.HostUUID || meta.Hostname != "" && identity == meta.Hostname
+// uiRoles is what the elections, shards and semaphores say each identity
+// leads, owns and holds: the indexes of the elections it leads and of the
+// semaphores it holds a permit of, in their order, and how many shards it
+// owns. Built in one pass over each, whatever the number of hosts.
+type uiRoles struct {
+	leads, holds map[string][]int
+	owns         map[string]int
+}
+
+func (s *uiState) rolesLocked(shards []uiShard) uiRoles {
+	r := uiRoles{leads: map[string][]int{}, holds: map[string][]int{}, owns: map[string]int{}}
+	for i, e := range s.elections {
+		r.leads[e.Leader.Identity] = append(r.leads[e.Leader.Identity], i)
+	}
+	for _, sh := range shards {
+		r.owns[sh.Owner.Identity]++
+	}
+	for i, sem := range s.sems {
+		seen := map[string]bool{}
+		for _, p := range sem.Holders {
+			if !seen[p.Identity] {
+				seen[p.Identity] = true
+				r.holds[p.Identity] = append(r.holds[p.Identity], i)
+			}
+		}
+	}
+	return r
+}
+
+// of says what the host of meta leads, owns and holds, by its UUID or its
+// hostname (see uiHost.Roles), "" if nothing.
+func (r uiRoles) of(s *uiState, meta coord.HostMetadata) string {
+	ids := []string{meta.HostUUID}
+	if meta.Hostname != "" && meta.Hostname != meta.HostUUID {
+		ids = append(ids, meta.Hostname)
+	}
+	// in merges the indexes of both identities, in order.
+	in := func(by map[string][]int) []int {
+		var all []int
+		for _, id := range ids {
+			all = append(all, by[id]...)
+		}
+		slices.Sort(all)
+		return slices.Compact(all)
 	}
 	var roles []string
-	for _, e := range s.elections {
-		if is(e.Leader.Identity) {
-			roles = append(roles, "leads "+e.Key)
-		}
+	for _, i := range in(r.leads) {
+		roles = append(roles, "leads "+s.elections[i].Key)
 	}
 	owns := 0
-	for _, sh := range shards {
-		if is(sh.Owner.Identity) {
-			owns++
-		}
+	for _, id := range ids {
+		owns += r.owns[id]
 	}
 	switch {
 	case owns == 1:
@@ -399,10 +435,8 @@ func (s *uiState) rolesLocked(meta coord.HostMetadata, shards []uiShard) string 
 	case owns > 1:
 		roles = append(roles, fmt.Sprintf("owns %d shards", owns))
 	}
-	for _, sem := range s.sems {
-		if slices.ContainsFunc(sem.Holders, func(p permitInfo) bool { return is(p.Identity) }) {
-			roles = append(roles, "holds a permit of "+sem.Key)
-		}
+	for _, i := range in(r.holds) {
+		roles = append(roles, "holds a permit of "+s.sems[i].Key)
 	}
 	return strings.Join(roles, "; ")
 }

@@ -33,8 +33,9 @@ type uiView struct {
 	// is then set, and every value is as read last.
 	Etcd  string `json:"etcd"`
 	Stale bool   `json:"stale"`
-	// Warnings are what an operator should look at: a shard without an
-	// owner or a standby, a member owning far more than its share.
+	// Warnings are what an operator should look at: a shard without a
+	// standby, a member owning far more than its weight's share. (A shard
+	// nobody campaigns for has no key: the page cannot know of it.)
 	Warnings []string `json:"warnings"`
 	// Names are the hostnames of the hosts known, by HostUUID: the page
 	// shows a host by its name wherever it appears (its UUID on hover).

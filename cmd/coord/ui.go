@@ -69,11 +69,14 @@ type uiConfig struct {
 
 func cmdUI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	c := newCmdFlags("ui", "", `Serve a web page of the fleet as etcd holds it, updated live: the hosts
-(metadata, up since, lease TTL left; a host that goes down turns red), the
-elections under --elections with their leaders, fencing tokens and
-candidates in line, the shards under --shards (owner, standbys, members
-with weight, zone and drain, moves in flight) and the semaphores under
---semaphores (holders, waiters). The first response holds the whole state
+(metadata, up since, lease TTL left; a host that goes down turns red, and
+says "stopped" if its lease was revoked or its key deleted before the lease
+could expire, "lease expired" if it was not renewed: a crash, a hang or a
+lost link; told apart for leases of 2 s or more, read every second), the
+elections under --elections with their leaders, when each took over (as
+the page saw it), fencing tokens and candidates in line, the shards under
+--shards (owner, standbys, members with weight, zone and drain, moves in
+flight) and the semaphores under --semaphores (holders, waiters). The first response holds the whole state
 (it reads without JavaScript, and with curl); the page then follows
 /events (server-sent events, the state as JSON at each change); /state
 is the state as JSON. It only reads etcd, until interrupted. A request
@@ -185,7 +188,9 @@ func (u *uiServer) follow(ctx context.Context, cli *clientv3.Client, wg *sync.Wa
 	st := u.st
 	followers := []*prefixFollower{
 		{cli: cli, st: st, part: "elections", prefix: u.cfg.electionsPrefix,
-			apply: func(kvs []*mvccpb.KeyValue) { st.elections = decodeElections(u.cfg.electionsPrefix, kvs) }},
+			apply: func(kvs []*mvccpb.KeyValue) {
+				st.setElectionsLocked(decodeElections(u.cfg.electionsPrefix, kvs), time.Now())
+			}},
 		{cli: cli, st: st, part: "shards", prefix: u.cfg.shardsPrefix,
 			apply: func(kvs []*mvccpb.KeyValue) {
 				st.shards, st.members = decodeShards(u.cfg.shardsPrefix, kvs, io.Discard)

@@ -97,13 +97,14 @@ func probeEtcd(ctx context.Context, cli *clientv3.Client, prefix string, st *uiS
 func readTTLs(ctx context.Context, cli *clientv3.Client, prefix string, st *uiState, bound time.Duration) {
 	rctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
+	sent := time.Now()
 	hosts, err := listHosts(rctx, cli, prefix, io.Discard)
 	if ctx.Err() != nil {
 		return
 	}
 	st.problem("leases", err)
 	if err == nil {
-		st.noteTTLs(hosts)
+		st.noteTTLs(hosts, sent)
 	}
 }
 

@@ -66,6 +66,11 @@ type uiHost struct {
 	Down    bool   `json:"down"`
 	UpSince string `json:"up_since"` // its StartedAt, else when ui saw it up
 	DownAt  string `json:"down_at,omitempty"`
+	// DownHow says how a down host went, where the page can know it (see
+	// uiHostState.notBefore): "stopped", its lease revoked (a clean Stop)
+	// or its key deleted before the lease could expire, or "lease
+	// expired", no renewal in its TTL (a crash, a hang or a lost link).
+	DownHow string `json:"down_how,omitempty"`
 	TTL     string `json:"ttl"` // the lease's time left, "" until read
 	Labels  string `json:"labels_text"`
 	// Roles is what the host leads, owns and holds: the elections and
@@ -80,6 +85,9 @@ type uiElection struct {
 	Key    string       `json:"key"`
 	Leader permitInfo   `json:"leader"`
 	Queue  []permitInfo `json:"queue"`
+	// Since is when the page saw the leader take over, or "before" the
+	// time the page started if it led then.
+	Since string `json:"since"`
 }
 
 // uiShards is the shard set under --shards.
@@ -131,19 +139,39 @@ type uiState struct {
 	unheard   time.Time     // since when it has not, zero while it answers
 	relist    chan struct{} // closed and replaced when etcd is found replaced
 	swapped   string        // when and how it last was, "" if never
+	started   time.Time     // when the elections were first listed
+	// leaders are the leaders seen, by election key, with the time the
+	// page saw each take over (zero: it led when the page started).
+	leaders map[string]uiLeader
+}
+
+// uiLeader is an election's leader as the page saw it take over.
+type uiLeader struct {
+	token int64
+	lease string
+	since time.Time
 }
 
 // uiHostState is what the state knows of a host.
 type uiHostState struct {
-	meta   coord.HostMetadata
-	up     time.Time
-	downAt time.Time // zero while live
-	ttl    string
+	meta    coord.HostMetadata
+	up      time.Time
+	downAt  time.Time // zero while live
+	downHow string    // see uiHost.DownHow
+	ttl     string
+	// notBefore is the earliest time the host's lease can expire, as its
+	// time left was last read: etcd gives the time left in whole seconds,
+	// rounded down, and a renewal or an etcd leader change only puts the
+	// expiry later. A Down seen before it is not an expiry: the lease was
+	// revoked or the key deleted. Zero until a read sent after the host
+	// came up (an earlier one may be of its previous lease).
+	notBefore time.Time
 }
 
 func newUIState(shardsPrefix string) *uiState {
 	return &uiState{shardsPrefix: shardsPrefix, changed: make(chan struct{}), relist: make(chan struct{}),
-		hosts: map[string]*uiHostState{}, members: map[string]coord.ShardMember{}, problems: map[string]string{}}
+		hosts: map[string]*uiHostState{}, members: map[string]coord.ShardMember{}, problems: map[string]string{},
+		leaders: map[string]uiLeader{}}
 }
 
 // update applies f under the lock and publishes a new version.
@@ -219,7 +247,7 @@ func (s *uiState) noteHost(ev coord.HostEvent, now time.Time) {
 		h := s.hosts[ev.HostUUID]
 		switch {
 		case ev.Kind == coord.HostDown && h != nil:
-			h.meta, h.downAt, h.ttl = ev.Metadata, now, ""
+			h.meta, h.downAt, h.ttl, h.downHow = ev.Metadata, now, "", downHow(h, ev, now)
 			s.downs = append(s.downs, ev.HostUUID)
 			if len(s.downs) > uiDownKept {
 				if old := s.hosts[s.downs[0]]; old != nil && !old.downAt.IsZero() {
@@ -236,19 +264,40 @@ func (s *uiState) noteHost(ev coord.HostEvent, now time.Time) {
 	})
 }
 
-// noteTTLs applies the leases' time left read from etcd (listHosts) to
-// the live hosts the watcher has shown: a host the listing misses, or
-// only it has, waits for the watcher's event.
-func (s *uiState) noteTTLs(hosts []liveHost) {
+// downHow says how host h went at now, as ev tells it (see
+// uiHost.DownHow): "" where the page cannot know, as for a Down that a
+// listing found (the watcher's resync, after a compaction or with a new
+// etcd) rather than a watch event.
+func downHow(h *uiHostState, ev coord.HostEvent, now time.Time) string {
+	switch {
+	case ev.Synthetic || h.notBefore.IsZero():
+		return ""
+	case now.Before(h.notBefore):
+		return "stopped"
+	}
+	return "lease expired"
+}
+
+// noteTTLs applies the leases' time left read from etcd (listHosts), in
+// a read sent at sent, to the live hosts the watcher has shown: a host
+// the listing misses, or only it has, waits for the watcher's event.
+func (s *uiState) noteTTLs(hosts []liveHost, sent time.Time) {
 	ttls := map[string]string{}
+	left := map[string]int64{}
 	for _, h := range hosts {
-		ttls[h.HostUUID] = formatTTL(h)
+		ttls[h.HostUUID], left[h.HostUUID] = formatTTL(h), h.TTLLeft
 	}
 	s.mu.Lock()
 	same := true
 	for id, h := range s.hosts {
 		if ttl, ok := ttls[id]; ok && h.downAt.IsZero() && h.ttl != ttl {
 			same = false
+		}
+		// Only a read sent after the host came up is of its lease.
+		if n, ok := left[id]; ok && h.downAt.IsZero() && sent.After(h.up) {
+			if b := sent.Add(time.Duration(max(n, 0)) * time.Second); b.After(h.notBefore) {
+				h.notBefore = b
+			}
 		}
 	}
 	s.mu.Unlock()
@@ -281,7 +330,7 @@ func (s *uiState) view() (uiView, <-chan struct{}) {
 			v.Names[id] = h.meta.Hostname
 		}
 		if !h.downAt.IsZero() {
-			uh.Down, uh.DownAt, uh.TTL = true, h.downAt.Format(timestamp), "down"
+			uh.Down, uh.DownAt, uh.DownHow, uh.TTL = true, h.downAt.Format(timestamp), h.downHow, "down"
 			v.Down++
 		} else {
 			v.Live++
@@ -469,6 +518,32 @@ func (s *uiState) outrankedLocked(sh shardInfo) string {
 		return best.HostUUID
 	}
 	return ""
+}
+
+// setElectionsLocked makes es, listed at now, the elections shown: each
+// with the time its leader took over, as the page saw it.
+func (s *uiState) setElectionsLocked(es []uiElection, now time.Time) {
+	first := s.started.IsZero()
+	if first {
+		s.started = now
+	}
+	leaders := map[string]uiLeader{}
+	for i, e := range es {
+		l, ok := s.leaders[e.Key]
+		if !ok || l.token != e.Leader.Token || l.lease != e.Leader.Lease {
+			l = uiLeader{token: e.Leader.Token, lease: e.Leader.Lease, since: now}
+			if first {
+				l.since = time.Time{}
+			}
+		}
+		leaders[e.Key] = l
+		if l.since.IsZero() {
+			es[i].Since = "before " + s.started.Format(time.TimeOnly)
+		} else {
+			es[i].Since = l.since.Format(timestamp)
+		}
+	}
+	s.leaders, s.elections = leaders, es
 }
 
 // decodeElections reads the candidates of the elections under prefix:

@@ -593,3 +593,95 @@ func TestUIOverview(t *testing.T) {
 		t.Fatalf("shares %v", shares)
 	}
 }
+
+// TestUIStopCrashAndTakeover checks that the page tells a clean stop from
+// a crash (the lease revoked before it could expire, or left to expire),
+// and says when each leader took over: before the page started, or when
+// it saw it.
+func TestUIStopCrashAndTakeover(t *testing.T) {
+	t.Parallel()
+	srv, ep, _ := newEtcd(t)
+	// The stopped host's TTL leaves its lease seconds of life at each
+	// read; the crashed one's expires soon after its client goes.
+	stopped := register(t, srv.NewClient(t), coord.HostMetadata{HostUUID: "host-stops"}, coord.LivenessOptions{TTL: 10 * time.Second})
+	crashCli := srv.NewClient(t)
+	register(t, crashCli, coord.HostMetadata{HostUUID: "host-crashes"}, coord.LivenessOptions{TTL: 2 * time.Second})
+	var leaders []*coord.Election
+	for _, id := range []string{"first", "second"} {
+		e, err := coord.NewElection(tctx(t), srv.NewClient(t), coord.ElectionOptions{Key: uiTestElection})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		leaders = append(leaders, e)
+		if id == "first" {
+			if err := e.Campaign(tctx(t), id); err != nil {
+				t.Fatal(err)
+			}
+			continue
+		}
+		led := make(chan error, 1)
+		go func() { led <- e.Campaign(context.Background(), id) }()
+		t.Cleanup(func() { e.Close(); <-led })
+	}
+	_, url := startUI(t, ep)
+	state := func() uiView {
+		_, body := getAs(t, url+"state", "127.0.0.1")
+		var v uiView
+		if err := json.Unmarshal([]byte(body), &v); err != nil {
+			t.Fatalf("/state: %v\n%s", err, body)
+		}
+		return v
+	}
+	down := func(id string) (string, bool) {
+		for _, h := range state().Hosts {
+			if h.HostUUID == id {
+				return h.DownHow, h.Down
+			}
+		}
+		return "", false
+	}
+	since := func() (string, string) {
+		es := state().Elections
+		if len(es) != 1 {
+			t.Fatalf("elections %v, want one", es)
+		}
+		return es[0].Leader.Identity, es[0].Since
+	}
+	if who, when := since(); who != "first" || !strings.HasPrefix(when, "before ") {
+		t.Errorf("leader %q since %q: want first, since before the page started", who, when)
+	}
+
+	if err := stopped.Stop(tctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	crashCli.Close()
+	crashed := time.Now()
+	for id, want := range map[string]string{"host-stops": "stopped", "host-crashes": "lease expired"} {
+		eventually(t, id+" down", func() bool { _, d := down(id); return d })
+		if how, _ := down(id); how != want {
+			t.Errorf("%s went %q, want %q", id, how, want)
+		}
+	}
+	t.Logf("the crashed host shown down %v after its client closed", time.Since(crashed).Round(time.Millisecond))
+
+	resigned := time.Now()
+	if err := leaders[0].Resign(tctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "second leading", func() bool { who, _ := since(); return who == "second" })
+	_, when := since()
+	clock, err := time.ParseInLocation(timestamp, when, time.Local)
+	if err != nil {
+		t.Fatalf("second leads since %q: %v", when, err)
+	}
+	// The page gives the time of day, to the millisecond.
+	r := resigned.Truncate(time.Millisecond)
+	at := time.Date(r.Year(), r.Month(), r.Day(), clock.Hour(), clock.Minute(), clock.Second(), clock.Nanosecond(), r.Location())
+	if at.Before(r.Add(-12 * time.Hour)) {
+		at = at.AddDate(0, 0, 1) // past midnight
+	}
+	if d := at.Sub(r); d < 0 || at.After(time.Now()) {
+		t.Errorf("second leads since %s, %v after the resign at %s: want between the resign and now", when, d, r.Format(timestamp))
+	}
+}

@@ -34,6 +34,7 @@ type uiFleet struct {
 	leader   *coord.Election                // leads /coord/elections/scheduler as leader-1
 	next     *coord.Election                // in line behind it, as leader-2
 	nextLeds chan error                     // the outcome of next's Campaign
+	sets     map[string]*coord.ShardSet     // the shard set's members, by HostUUID
 	ui       *bgCoord
 	url      string // the page's
 }
@@ -43,14 +44,15 @@ const uiTestElection = "/coord/elections/scheduler"
 func newUIFleet(t *testing.T) *uiFleet {
 	t.Helper()
 	srv, ep, _ := newEtcd(t)
-	f := &uiFleet{srv: srv, ep: ep, hosts: map[string]*coord.HostLiveness{}, nextLeds: make(chan error, 1)}
+	f := &uiFleet{srv: srv, ep: ep, hosts: map[string]*coord.HostLiveness{}, nextLeds: make(chan error, 1),
+		sets: map[string]*coord.ShardSet{}}
 	for _, m := range []coord.HostMetadata{
 		{HostUUID: "host-a", Hostname: "node-a", Version: "1.2.3", Labels: map[string]string{"zone": "z1"}},
 		{HostUUID: "host-b", Hostname: "node-b", Labels: map[string]string{"zone": "z2"}},
 		{HostUUID: "host-c", Hostname: "node-c"},
 		{HostUUID: "host-evil", Hostname: uiEvil, Labels: map[string]string{"note": uiEvil}},
 	} {
-		f.hosts[m.HostUUID] = register(t, srv.NewClient(t), m, coord.LivenessOptions{TTL: 5 * time.Second})
+		f.hosts[m.HostUUID] = register(t, srv.NewClient(t), m, coord.LivenessOptions{TTL: uiFleetTTL})
 	}
 	ctx := tctx(t)
 	var err error
@@ -82,13 +84,14 @@ func (f *uiFleet) startShards(t *testing.T, hosts ...string) {
 	t.Helper()
 	for _, id := range hosts {
 		set, err := coord.NewShardSet(tctx(t), f.srv.NewClient(t), coord.ShardOptions{
-			Shards: []string{"s1", "s2", "s3", "s4"}, Host: f.hosts[id], TTL: 5 * time.Second, Settle: 10 * time.Millisecond,
+			Shards: []string{"s1", "s2", "s3", "s4"}, Host: f.hosts[id], TTL: uiFleetTTL, Settle: 10 * time.Millisecond,
 			Run: func(ctx context.Context, s coord.Shard) { <-ctx.Done() },
 		})
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { set.Close() })
+		f.sets[id] = set
 	}
 	eventually(t, "every shard owned by its first-ranked host, with a standby", func() bool {
 		shards, err := listShards(tctx(t), f.srv.Client(), coord.ShardsPrefix, coord.HostsPrefix, io.Discard)

@@ -75,8 +75,10 @@ could expire, "lease expired" if it was not renewed: a crash, a hang or a
 lost link; told apart for leases of 2 s or more, read every second), the
 elections under --elections with their leaders, when each took over (as
 the page saw it), fencing tokens and candidates in line, the shards under
---shards (owner, standbys, members with weight, zone and drain, moves in
-flight) and the semaphores under --semaphores (holders, waiters). The first response holds the whole state
+--shards (owner, standbys, moves in flight; members with weight, zone,
+state: joining, active, draining, leaving or down, and share) and the
+semaphores under --semaphores (holders, waiters). A lease's time left is
+marked when a renewal is late. The first response holds the whole state
 (it reads without JavaScript, and with curl); the page then follows
 /events (server-sent events, the state as JSON at each change); /state
 is the state as JSON. It only reads etcd, until interrupted. A request

@@ -151,15 +151,17 @@ func TestUIBrowser(t *testing.T) {
 	if shown := filtered(""); shown != "host-c host-a host-b host-evil" {
 		t.Errorf("hosts shown with the filter cleared: %q", shown)
 	}
-	// Hostnames wherever a host appears, its UUID on hover.
+	// Hostnames wherever a host appears, its UUID on hover; each member's
+	// state.
 	for what, js := range map[string]string{
 		"members":               `[...document.querySelectorAll("#members tr td:first-child")].map(c => c.textContent + "=" + c.title).join(" ")`,
 		"shard owners":          `[...new Set([...document.querySelectorAll("#shards td.owner")].map(c => c.textContent + "=" + c.title))].sort().join(" ")`,
 		"a leader that is host": `document.querySelector('tr[data-election="/coord/elections/by-host"] td.leader').textContent + "=host-a"`,
+		"member states":         `[...document.querySelectorAll("#members td.state")].map(c => c.textContent).join(" ")`,
 		"a holder that is host": `document.querySelector('tr[data-semaphore="/coord/semaphores/by-host"] td:nth-child(3)').textContent.replace(/ \(\d+\)$/, "=host-b")`,
 	} {
 		want := map[string]string{"members": "node-a=host-a node-b=host-b", "shard owners": "node-a=host-a node-b=host-b",
-			"a leader that is host": "node-a=host-a", "a holder that is host": "node-b=host-b"}[what]
+			"a leader that is host": "node-a=host-a", "a holder that is host": "node-b=host-b", "member states": "active active"}[what]
 		if got := str(js); got != want {
 			t.Errorf("%s in the DOM: %q, want %q", what, got, want)
 		}
@@ -256,7 +258,7 @@ const uiFleetTTL = 5 * time.Second
 // uiTables is JavaScript that returns what the page's tables show, but
 // for what differs between two pages of the same fleet: the down hosts
 // kept, the times (up since, TTL left, leads since).
-const uiTables = `[["hosts", [5, 6]], ["elections", [3]], ["members", []], ["shards", []], ["semaphores", []]].map(([id, skip]) =>
+const uiTables = `[["hosts", [5, 6]], ["elections", [3]], ["members", [4]], ["shards", []], ["semaphores", []]].map(([id, skip]) =>
 	id + ":\n" + [...document.querySelectorAll("#" + id + " tr")].filter(r => !r.classList.contains("down") || id !== "hosts")
 		.map(r => [...r.cells].filter((c, i) => !skip.includes(i)).map(c => c.textContent).join(" | ")).join("\n")).join("\n")`
 

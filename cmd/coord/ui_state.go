@@ -72,7 +72,10 @@ type uiHost struct {
 	// expired", no renewal in its TTL (a crash, a hang or a lost link).
 	DownHow string `json:"down_how,omitempty"`
 	TTL     string `json:"ttl"` // the lease's time left, "" until read
-	Labels  string `json:"labels_text"`
+	// Late is set when the lease's time left says a renewal is overdue
+	// (see renewalLate): the host may be about to step down, or go.
+	Late   bool   `json:"late,omitempty"`
+	Labels string `json:"labels_text"`
 	// Roles is what the host leads, owns and holds: the elections and
 	// permits whose identity is its UUID or its hostname, and the shards
 	// it owns.
@@ -101,7 +104,14 @@ type uiShards struct {
 // uiMember is a member announcement of the shard set.
 type uiMember struct {
 	coord.ShardMember
-	Live  bool   `json:"live"` // its host is live
+	Live bool `json:"live"` // its host is live
+	// State is "down" (its host is), "leaving" (drained: it owns nothing
+	// and takes nothing), "draining" (handing its shards over),
+	// "joining" (it owns nothing yet, shards are moving to it) or
+	// "active".
+	State string `json:"state"`
+	TTL   string `json:"ttl"` // its host's lease time left, as uiHost's
+	Late  bool   `json:"late,omitempty"`
 	Owns  int    `json:"owns"`
 	Share string `json:"share"` // of the shards it owns, and its weight's share: "25% of 4 (weight: 50%)"
 }
@@ -159,6 +169,7 @@ type uiHostState struct {
 	downAt  time.Time // zero while live
 	downHow string    // see uiHost.DownHow
 	ttl     string
+	late    bool
 	// notBefore is the earliest time the host's lease can expire, as its
 	// time left was last read: etcd gives the time left in whole seconds,
 	// rounded down, and a renewal or an etcd leader change only puts the
@@ -278,19 +289,29 @@ func downHow(h *uiHostState, ev coord.HostEvent, now time.Time) string {
 	return "lease expired"
 }
 
+// renewalLate reports whether h's lease has less time left than a
+// renewal on time leaves it, by more than etcd's rounding: coord renews a
+// third of the TTL after each answered renewal, so a lease it keeps has
+// two thirds of its TTL left or more; at a third or less, its holder
+// steps down.
+func renewalLate(h liveHost) bool {
+	return h.TTLLeft >= 0 && float64(h.TTLLeft)+1 < 2*float64(h.GrantedTTL)/3
+}
+
 // noteTTLs applies the leases' time left read from etcd (listHosts), in
 // a read sent at sent, to the live hosts the watcher has shown: a host
 // the listing misses, or only it has, waits for the watcher's event.
 func (s *uiState) noteTTLs(hosts []liveHost, sent time.Time) {
 	ttls := map[string]string{}
 	left := map[string]int64{}
+	late := map[string]bool{}
 	for _, h := range hosts {
-		ttls[h.HostUUID], left[h.HostUUID] = formatTTL(h), h.TTLLeft
+		ttls[h.HostUUID], left[h.HostUUID], late[h.HostUUID] = formatTTL(h), h.TTLLeft, renewalLate(h)
 	}
 	s.mu.Lock()
 	same := true
 	for id, h := range s.hosts {
-		if ttl, ok := ttls[id]; ok && h.downAt.IsZero() && h.ttl != ttl {
+		if ttl, ok := ttls[id]; ok && h.downAt.IsZero() && (h.ttl != ttl || h.late != late[id]) {
 			same = false
 		}
 		// Only a read sent after the host came up is of its lease.
@@ -307,7 +328,7 @@ func (s *uiState) noteTTLs(hosts []liveHost, sent time.Time) {
 	s.update(func() {
 		for id, h := range s.hosts {
 			if ttl, ok := ttls[id]; ok && h.downAt.IsZero() {
-				h.ttl = ttl
+				h.ttl, h.late = ttl, late[id]
 			}
 		}
 	})
@@ -325,7 +346,7 @@ func (s *uiState) view() (uiView, <-chan struct{}) {
 		if h.meta.StartedAt != 0 {
 			up = time.Unix(0, h.meta.StartedAt)
 		}
-		uh := uiHost{HostMetadata: h.meta, UpSince: up.Format(time.DateTime), TTL: h.ttl, Labels: formatLabels(h.meta.Labels)}
+		uh := uiHost{HostMetadata: h.meta, UpSince: up.Format(time.DateTime), TTL: h.ttl, Late: h.late, Labels: formatLabels(h.meta.Labels)}
 		if h.meta.Hostname != "" {
 			v.Names[id] = h.meta.Hostname
 		}
@@ -380,7 +401,8 @@ func (s *uiState) shardsViewLocked() (uiShards, []string) {
 	v := uiShards{Prefix: s.shardsPrefix, Members: []uiMember{}, Shards: []uiShard{}}
 	warn := []string{}
 	owns := map[string]int{}
-	live := 0 // members that take shards: live, not draining
+	movingTo := map[string]bool{} // members a shard is moving to
+	live := 0                     // members that take shards: live, not draining
 	weights := 0.0
 	for id, m := range s.members {
 		if s.liveLocked(id) && !m.Draining {
@@ -397,6 +419,7 @@ func (s *uiState) shardsViewLocked() (uiShards, []string) {
 		if !s.liveLocked(sh.Owner.Identity) {
 			u.Moving = "failover: owner down"
 		} else if by := s.outrankedLocked(sh); by != "" {
+			movingTo[by] = true
 			u.Moving = "to " + by
 			if h := s.hosts[by]; h != nil && h.meta.Hostname != "" {
 				u.Moving = "to " + h.meta.Hostname
@@ -409,6 +432,21 @@ func (s *uiState) shardsViewLocked() (uiShards, []string) {
 	}
 	for _, id := range slices.Sorted(maps.Keys(s.members)) {
 		m := uiMember{ShardMember: s.members[id], Live: s.liveLocked(id), Owns: owns[id]}
+		if h := s.hosts[id]; m.Live {
+			m.TTL, m.Late = h.ttl, h.late
+		}
+		switch {
+		case !m.Live:
+			m.State = "down"
+		case m.Draining && m.Owns == 0:
+			m.State = "leaving"
+		case m.Draining:
+			m.State = "draining"
+		case m.Owns == 0 && movingTo[id]:
+			m.State = "joining"
+		default:
+			m.State = "active"
+		}
 		if n := len(s.shards); n > 0 {
 			share, fair := float64(m.Owns)/float64(n), 0.0
 			if m.Live && !m.Draining && weights > 0 {

@@ -595,6 +595,37 @@ func TestUIOverview(t *testing.T) {
 	if shares["h2"] != "17% of 6 (weight: 33%)" || shares["h3"] != "0% of 6 (weight: 33%)" {
 		t.Fatalf("shares %v", shares)
 	}
+
+	// Each member's state, and its lease's time left, marked when a
+	// renewal is overdue.
+	st.noteHost(coord.HostEvent{Kind: coord.HostUp, HostUUID: "h5", Metadata: coord.HostMetadata{HostUUID: "h5"}}, now)
+	st.members["h4"] = coord.ShardMember{HostUUID: "h4", Weight: 1}
+	st.members["h5"] = coord.ShardMember{HostUUID: "h5", Weight: 1, Draining: true}
+	st.noteTTLs([]liveHost{{HostMetadata: coord.HostMetadata{HostUUID: "h1"}, Lease: "1", TTLLeft: 1, GrantedTTL: 6},
+		{HostMetadata: coord.HostMetadata{HostUUID: "h2"}, Lease: "2", TTLLeft: 3, GrantedTTL: 6}}, now.Add(time.Second))
+	// A shard h1 owns, for which h3 stands by and ranks first: it moves
+	// to h3, which owns nothing yet.
+	for i := 0; ; i++ {
+		name := fmt.Sprintf("j%d", i)
+		if coord.RankMembers(name, []coord.ShardMember{st.members["h1"], st.members["h3"]})[0].HostUUID == "h3" {
+			st.shards = append(st.shards, shardInfo{Shard: name, Owner: shardCandidate{Identity: "h1"}, Standbys: []shardCandidate{{Identity: "h3"}}})
+			break
+		}
+	}
+	v, _ = st.view()
+	states := map[string]string{}
+	for _, m := range v.Shards.Members {
+		states[m.HostUUID] = fmt.Sprintf("%s %s %v", m.State, m.TTL, m.Late)
+	}
+	if want := map[string]string{"h1": "active 1s of 6s true", "h2": "active 3s of 6s false", "h3": "joining  false",
+		"h4": "down  false", "h5": "leaving  false"}; !maps.Equal(states, want) {
+		t.Errorf("members' states %q, want %q", states, want)
+	}
+	// h2 (owning s5) drains: it is draining until it owns nothing.
+	st.members["h2"] = coord.ShardMember{HostUUID: "h2", Weight: 1, Draining: true}
+	if v, _ = st.view(); v.Shards.Members[1].State != "draining" {
+		t.Errorf("a draining member that owns a shard: %q, want draining", v.Shards.Members[1].State)
+	}
 }
 
 // TestUIStopCrashAndTakeover checks that the page tells a clean stop from

@@ -1,10 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"math"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -20,12 +24,45 @@ import (
 // on stdout and its progress on stderr. A scenario that fails gets a row
 // saying so, and cmdBench then returns an error once the table is printed.
 func cmdBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	cfg, err := benchParseFlags(args, stdout)
+	a, err := benchParseFlags(args, stdout)
 	if err != nil {
 		return err
 	}
+	if a.render != nil {
+		return benchRender(a.render, stdout)
+	}
+	cfg, out := a.cfg, a.json
 	cfg.Progress = stderr
-	return bench.Run(ctx, cfg, stdout)
+	if out == "" {
+		return bench.Run(ctx, cfg, stdout)
+	}
+	// The report is written once the run is done: a run that fails
+	// before its table leaves no file.
+	var report bytes.Buffer
+	cfg.JSON, cfg.Command = &report, "coord bench "+strings.Join(args, " ")
+	err = bench.Run(ctx, cfg, stdout)
+	if report.Len() > 0 {
+		err = errors.Join(err, os.WriteFile(out, report.Bytes(), 0o644))
+	}
+	return err
+}
+
+// benchRender prints the table of the reports in files (see bench.Render).
+func benchRender(files []string, stdout io.Writer) error {
+	var reports []bench.Report
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return err
+		}
+		r, err := bench.ReadReport(b)
+		if err != nil {
+			return fmt.Errorf("%s: %w", f, err)
+		}
+		reports = append(reports, r)
+	}
+	bench.Render(stdout, reports)
+	return nil
 }
 
 // benchAbout is the help text of coord bench.
@@ -45,40 +82,65 @@ directory, and for the fleet (scenario 9) a 3-member one per side in a
 child process. With --endpoints it runs against that cluster instead,
 writing under /coord-bench/ and deleting what it wrote at the end; it
 creates about 250 clients and, in the full run, 100,000 keys. The full
-run takes about seven minutes, --quick under one.`
+run takes about seven minutes, --quick under one.
 
-func benchParseFlags(args []string, stdout io.Writer) (bench.Config, error) {
-	c := newCmdFlags("bench", "", benchAbout, true)
+With --json FILE it also writes the run's figures to FILE, with when, on
+which commit and on how busy a machine it ran. With --render FILE... it
+runs nothing and prints the table of those files' runs, each scenario
+from the latest run that has it, each row naming its run: the figures
+of BENCHMARKS.md are made so.`
+
+// benchArgs is what coord bench is asked: a run, and the file to write
+// its report to (--json, "" if none); or, with --render, the reports to
+// render (and no run).
+type benchArgs struct {
+	cfg    bench.Config
+	json   string
+	render []string
+}
+
+func benchParseFlags(args []string, stdout io.Writer) (benchArgs, error) {
+	c := newCmdFlags("bench", "[FILE...]", benchAbout, true)
+	c.optional = math.MaxInt32
+	jsonOut := c.String("json", "", "also write the run's figures, and when and where it ran, to `file`, as JSON")
+	renderFlag := c.Bool("render", false, "run nothing: print the table of the runs in the FILEs (written by --json)")
 	full, quickCfg := bench.Full(), bench.Quick()
 	quick := c.Bool("quick", false, "a short smoke run: small sizes and few samples, every row")
 	only := c.String("only", "", fmt.Sprintf("comma-separated `numbers` of the scenarios to run, 1-%d (default all)", bench.Scenarios))
 	shardTTL := c.Duration("shard-ttl", full.ShardTTL, "TTL of scenario 10's registrations and shard sessions, whole seconds (--quick: "+quickCfg.ShardTTL.String()+")")
 	shardStagger := c.Duration("shard-stagger", full.ShardStagger, "pause between two hosts' starts in scenario 10's cold start; 0: all at once")
-	if _, err := c.parse(args, stdout, 0); err != nil {
-		return bench.Config{}, err
+	files, err := c.parse(args, stdout, 0)
+	switch {
+	case err != nil:
+		return benchArgs{}, err
+	case *renderFlag && len(files) == 0:
+		return benchArgs{}, usagef("--render: want the FILEs of the runs")
+	case *renderFlag:
+		return benchArgs{render: files}, nil
+	case len(files) > 0:
+		return benchArgs{}, usagef("unexpected argument %q (FILEs go with --render)", files[0])
 	}
 	cfg := full
 	if *quick {
 		cfg = quickCfg
 	}
 	if err := benchSetFlags(c, &cfg, *shardTTL, *shardStagger); err != nil {
-		return bench.Config{}, err
+		return benchArgs{}, err
 	}
 	if cfg.Etcd != nil {
 		if err := c.conn.check(); err != nil {
-			return bench.Config{}, err
+			return benchArgs{}, err
 		}
 	}
-	var err error
 	if cfg.Only, err = benchParseOnly(*only); err != nil {
-		return bench.Config{}, err
+		return benchArgs{}, err
 	}
 	if cfg.Etcd != nil {
 		if *cfg.Etcd, err = benchRemoteConfig(c.conn); err != nil {
-			return bench.Config{}, err
+			return benchArgs{}, err
 		}
 	}
-	return cfg, nil
+	return benchArgs{cfg: cfg, json: *jsonOut}, nil
 }
 
 // benchSetFlags lays the flags given on the command line over the preset

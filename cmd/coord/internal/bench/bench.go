@@ -43,6 +43,10 @@ type Config struct {
 	ShardStagger time.Duration
 	// Progress receives a line per step of the run; nil: discarded.
 	Progress io.Writer
+	// JSON, if set, receives the run's Report, as JSON, once the table is
+	// printed; Command is the command line the report names.
+	JSON    io.Writer
+	Command string
 
 	name string // "full" or "quick", for the header
 
@@ -182,6 +186,7 @@ func Run(ctx context.Context, cfg Config, w io.Writer) (err error) {
 		return err
 	}
 	defer func() { err = errors.Join(err, env.close()) }()
+	rep := newReport(cfg.Command, env.desc)
 
 	var rows []benchRow
 	var failed []error
@@ -206,6 +211,13 @@ func Run(ctx context.Context, cfg Config, w io.Writer) (err error) {
 	writeBenchTable(w, rows)
 	fmt.Fprintf(w, "\nratio = coord ÷ plain etcd, of the figure named in brackets. "+
 		"Latencies are p50 / p99 of sorted samples (nearest rank).\n")
+	if cfg.JSON != nil {
+		rep.Took, rep.Load[1] = time.Since(start).Round(time.Second).String(), loadAverage()
+		for _, r := range rows {
+			rep.Rows = append(rep.Rows, Row{Scenario: r.scenario, Coord: r.coord, Plain: r.plain, Ratio: r.ratio, Goal: r.limit})
+		}
+		failed = append(failed, rep.writeJSON(cfg.JSON))
+	}
 	return errors.Join(failed...)
 }
 

@@ -32,9 +32,9 @@ func TestBenchPrintsEveryRow(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute*scale)
 	defer cancel()
-	var stdout, stderr bytes.Buffer
+	var stdout, stderr, report bytes.Buffer
 	cfg := benchTiny
-	cfg.Progress = &stderr
+	cfg.Progress, cfg.JSON, cfg.Command = &stderr, &report, "coord bench --tiny"
 	if err := Run(ctx, cfg, &stdout); err != nil {
 		t.Fatalf("bench: %v\nstdout:\n%s\nstderr:\n%s", err, &stdout, &stderr)
 	}
@@ -73,6 +73,51 @@ func TestBenchPrintsEveryRow(t *testing.T) {
 	}
 	if !strings.Contains(stderr.String(), "scenario 11: done") {
 		t.Errorf("no progress on stderr:\n%s", &stderr)
+	}
+
+	// The report holds every row of the table, and renders as the table
+	// of BENCHMARKS.md, each row naming its run.
+	rep, err := ReadReport(report.Bytes())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Rows) != len(rows) || rep.Command != cfg.Command || rep.CPUs < 1 || rep.Started.IsZero() || rep.Took == "" || rep.Etcd == "" {
+		t.Fatalf("report of %d rows (the table has %d): %+v", len(rep.Rows), len(rows), rep)
+	}
+	var page bytes.Buffer
+	Render(&page, []Report{rep})
+	for i, r := range rep.Rows {
+		if want := "| " + cell(r.Scenario) + " | " + cell(r.Coord) + " | "; !strings.Contains(page.String(), want) || !strings.Contains(rows[i], want) {
+			t.Errorf("row %d, %q, not in the table or the page:\n%s", i, want, &page)
+		}
+	}
+	if !strings.Contains(page.String(), "- **Run A**: `coord bench --tiny`, started ") {
+		t.Errorf("the page does not name the run:\n%s", &page)
+	}
+}
+
+// TestBenchRender: each scenario from the latest run that has it, its
+// rows in order, and only the runs the table uses listed.
+func TestBenchRender(t *testing.T) {
+	at := func(h int) time.Time { return time.Date(2026, 12, 4, h, 0, 0, 0, time.UTC) }
+	old := Report{Command: "coord bench", Started: at(1), Commit: "aaa", Load: [2]string{"0.5", "0.6"}, Etcd: "e", CPUs: 2,
+		Rows: []Row{{Scenario: "1. crash", Coord: "old"}, {Scenario: "3. resign", Coord: "old"}, {Scenario: "3b. resign fresh", Coord: "old"}}}
+	newer := Report{Command: "coord bench --only 3", Started: at(2), Etcd: "e", CPUs: 2,
+		Rows: []Row{{Scenario: "3. resign", Coord: "new | piped"}, {Scenario: "3b. resign fresh", Coord: "new"}}}
+	unused := Report{Command: "coord bench --only 1", Started: at(0), Rows: []Row{{Scenario: "1. crash", Coord: "oldest"}}}
+	var page bytes.Buffer
+	Render(&page, []Report{newer, unused, old})
+	want := `| scenario | coord | plain etcd | ratio | goal or limit | run |
+| --- | --- | --- | --- | --- | --- |
+| 1. crash | old |  |  |  | A |
+| 3. resign | new \| piped |  |  |  | B |
+| 3b. resign fresh | new |  |  |  | B |
+
+- **Run A**: ` + "`coord bench`" + `, started 2026-12-04 01:00 UTC, took ; commit aaa; e, 2 cores,  /; load average 0.5 at the start, 0.6 at the end.
+- **Run B**: ` + "`coord bench --only 3`" + `, started 2026-12-04 02:00 UTC, took ; commit unknown; e, 2 cores,  /; load average unknown at the start, unknown at the end.
+`
+	if page.String() != want {
+		t.Errorf("page:\n%s\nwant:\n%s", &page, want)
 	}
 }
 

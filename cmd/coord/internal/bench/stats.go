@@ -21,7 +21,6 @@ type benchRow struct {
 func writeBenchTable(w io.Writer, rows []benchRow) {
 	fmt.Fprintln(w, "| scenario | coord | plain etcd | ratio | limit |")
 	fmt.Fprintln(w, "| --- | --- | --- | --- | --- |")
-	cell := func(s string) string { return strings.ReplaceAll(strings.ReplaceAll(s, "|", `\|`), "\n", " ") }
 	for _, r := range rows {
 		fmt.Fprintf(w, "| %s | %s | %s | %s | %s |\n", cell(r.scenario), cell(r.coord), cell(r.plain), cell(r.ratio), cell(r.limit))
 	}

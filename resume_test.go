@@ -238,8 +238,8 @@ func TestShardSetResume(t *testing.T) {
 // round. Its leadership never changes hands: the same token throughout,
 // the standby never leads, and while it has stepped down it does not
 // believe it leads. COORD_SOAK_CUTS sets the number of cuts (default 2),
-// COORD_SOAK_TTL the TTL (default rsTTL): BENCHMARKS.md's soak is
-// COORD_SOAK_CUTS=100 COORD_SOAK_TTL=10s.
+// COORD_SOAK_TTL the TTL (default rsTTL): the soak of FAULTS.md's row 22
+// is COORD_SOAK_CUTS=100 COORD_SOAK_TTL=10s.
 func TestElectionShortCuts(t *testing.T) {
 	t.Parallel() // long and bound by waits: see "Parallel tests" in helpers_test.go
 	cuts, ttl := 2, rsTTL()

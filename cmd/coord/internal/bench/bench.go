@@ -106,8 +106,8 @@ const Scenarios = len(scenarios)
 // cores). Scenario 10 runs at the library's default TTL and starts its
 // hosts 100 ms apart: started all at once, 32 hosts × 4,096 shards, all in
 // this process next to etcd on 2 cores, lose leaderships to renewals
-// answered too late, and at times do not settle for minutes (see
-// BENCHMARKS.md; --shard-stagger 0 shows it).
+// answered too late, and can take long to settle (BENCHMARKS.md, "Where
+// coord costs more"; --shard-stagger 0 shows it).
 func Full() Config {
 	return Config{
 		name:       "full",

@@ -1,12 +1,10 @@
 package coord
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -289,48 +287,6 @@ func (s *ShardSet) start(ctx context.Context) (err error) {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-}
-
-// shardDefaults checks what can be checked of opts without etcd, and
-// applies the defaults.
-func shardDefaults(o ShardOptions) (ShardOptions, error) {
-	if len(o.Shards) == 0 || o.Run == nil || o.Replicas < 0 || o.MaxMoves < 0 || o.Settle < 0 ||
-		o.Weight < 0 || math.IsNaN(o.Weight) || math.IsInf(o.Weight, 0) {
-		return o, fmt.Errorf("%w: want Shards, Run, Replicas >= 0, MaxMoves >= 0, Settle >= 0 and a finite Weight >= 0", ErrInvalidShards)
-	}
-	if h := o.Host; h != nil {
-		prefix := strings.TrimSuffix(h.key, h.id)
-		if o.Self != "" && o.Self != h.id || o.HostPrefix != "" && o.HostPrefix != prefix {
-			return o, fmt.Errorf("%w: Self %q and HostPrefix %q are not those of Host (%q under %q)", ErrInvalidShards, o.Self, o.HostPrefix, h.id, prefix)
-		}
-		o.Self, o.HostPrefix = h.id, prefix
-	}
-	o.Weight = cmp.Or(o.Weight, 1)
-	o.MaxMoves = cmp.Or(o.MaxMoves, DefaultShardMaxMoves)
-	if checkHostUUID(o.Self) != nil {
-		return o, fmt.Errorf("%w: Self %q (want a HostUUID: non-empty UTF-8, without \"/\")", ErrInvalidShards, o.Self)
-	}
-	seen := map[string]bool{}
-	for _, name := range o.Shards {
-		if err := checkShardName(name); err != nil || seen[name] {
-			return o, fmt.Errorf("%w: shard %q (want unique, non-empty, without \"/\", not starting with \"@\")", ErrInvalidShards, name)
-		}
-		seen[name] = true
-	}
-	o.Replicas = cmp.Or(o.Replicas, DefaultShardReplicas)
-	o.Prefix = cmp.Or(o.Prefix, ShardsPrefix)
-	o.HostPrefix = cmp.Or(o.HostPrefix, HostsPrefix)
-	// Election keys must be clean, and a shard's candidates must never be
-	// read as hosts, nor hosts as candidates.
-	if !strings.HasSuffix(o.Prefix, "/") || strings.Contains(o.Prefix, "//") ||
-		strings.HasPrefix(o.Prefix, o.HostPrefix) || strings.HasPrefix(o.HostPrefix, o.Prefix) {
-		return o, fmt.Errorf("%w: shard prefix %q (want it to end in \"/\", without \"//\", apart from host prefix %q)",
-			ErrInvalidKey, o.Prefix, o.HostPrefix)
-	}
-	ttl, err := ttlOrDefault(o.TTL, DefaultShardTTL)
-	o.TTL = ttl
-	o.Settle = cmp.Or(o.Settle, ttl/10)
-	return o, err
 }
 
 // weight is host's rendezvous weight for shard: FNV-1a 64 of shard, a

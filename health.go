@@ -325,11 +325,11 @@ func (s *ShardSet) health(now time.Time) error {
 	if err := s.w.health(now); err != nil {
 		return fmt.Errorf("hosts not followed: %w", err)
 	}
-	if replaced := s.replaced.get(); replaced != nil {
+	if replaced := s.view.replaced.get(); replaced != nil {
 		return fmt.Errorf("%w; listing the members and candidates again", replaced)
 	}
 	s.mu.Lock()
-	lost, member, announcing := s.candsLost, s.member, s.announcing
+	lost, member, announcing := s.view.candsLost, s.member.sess, s.member.announcing
 	s.mu.Unlock()
 	sessions := []struct {
 		what string
@@ -354,8 +354,8 @@ func (s *ShardSet) health(now time.Time) error {
 func (s *ShardSet) candidatesLost() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.candsLost.IsZero() {
-		s.candsLost = time.Now()
+	if s.view.candsLost.IsZero() {
+		s.view.candsLost = time.Now()
 	}
 }
 

@@ -512,7 +512,7 @@ func TestHealthShardSet(t *testing.T) {
 				eventually(t, "the marker host", func() bool {
 					h.set.mu.Lock()
 					defer h.set.mu.Unlock()
-					return h.set.hosts["marker"]
+					return h.set.view.hosts["marker"]
 				})
 				htBreakWatch(t, srv, srv.Client(), h.px, "/elsewhere/")
 				waitClosed(t, g.reached, "the broken watch")

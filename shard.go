@@ -64,7 +64,6 @@ type ShardSet struct {
 	hostsEnded chan struct{} // closed when the host watcher's events end
 	ready      chan struct{} // closed once the hosts, members and candidates are known
 	readyOnce  sync.Once
-	reannounce chan struct{}  // asks keepAnnounced to put our member key again
 	wg         sync.WaitGroup // the followers, the announcer and the workers
 	leases     sync.WaitGroup // our member sessions' goroutines
 	runs       sync.WaitGroup // the Runs; added to under mu while ctx lives
@@ -72,50 +71,57 @@ type ShardSet struct {
 	done       chan struct{} // closed once the set has ended and every Run returned
 
 	mu       sync.Mutex
-	hosts    map[string]bool                 // live hosts, Self included
-	members  map[string]ShardMember          // announced members, by HostUUID
-	cands    map[string]map[string]candidate // by shard, by candidate key
-	workers  map[string]*shardWorker         // by shard: the one that campaigns or runs it
+	view     shardView
+	rank     ranking
+	moves    moveBudget // our campaigns to take a shard over from another live member
+	hands    moveBudget // our Runs ended for a better-ranked member in line, not resigned yet
+	settle   settleState
+	member   announcement
+	workers  map[string]*shardWorker // by shard: the one that campaigns or runs it
 	draining bool
-	moves    int             // our campaigns to take a shard over from another live member
-	waitMove map[string]bool // shards we want, waiting for a move slot
-	handing  int             // our Runs ended for a better-ranked member in line, not resigned yet
-	waitHand map[string]bool // shards we own, to hand over once a slot is free
-	// The shards' rankings, kept as the live members change (see
-	// refreshLocked): by shard, the members that take part, best first;
-	// whether we are among its candidates; the members they hold.
-	order     map[string][]rankedMember
-	zoned     bool // whether the rankings' members are in more than one zone
-	ranked    map[string]bool
-	ordered   map[string]ShardMember
-	selfLive  bool // whether we were a live member at the last refresh
-	refreshed bool // whether a refresh has reconciled every shard
+	idle     chan struct{} // closed while we have no worker; see Drain
+}
+
+// shardView is what we know of the live hosts, the members and every
+// shard's candidates, and how far it has reached in etcd. Guarded by
+// ShardSet.mu, but for replaced and mark, which are safe on their own.
+type shardView struct {
+	hosts       map[string]bool                 // live hosts, Self included
+	members     map[string]ShardMember          // announced members, by HostUUID
+	cands       map[string]map[string]candidate // by shard, by candidate key
+	hostsSynced bool
+	candsListed bool
+	candsLost   time.Time // when the candidate watch broke, zero while it runs
+	// rev is the etcd revision our view of the members and the
+	// candidates has reached; moved is closed and replaced as it moves.
+	rev   int64
+	moved chan struct{}
+	// replaced holds the word that etcd was replaced (the host
+	// watcher's, or heard's), until our view is listed again; mark
+	// follows the etcd of our view, from its answers and ours.
+	replaced *replacedNote
+	mark     etcdMark
+}
+
+// moveBudget counts our moves of one kind in flight (the takeovers, or
+// the handoffs), at most MaxMoves, and the shards waiting for a slot (see
+// freeSlotLocked). Guarded by ShardSet.mu.
+type moveBudget struct {
+	inFlight int
+	waiting  map[string]bool // shards waiting for a slot
+}
+
+// settleState holds the shards we want but wait to campaign for (see
+// waitSettleLocked). Guarded by ShardSet.mu.
+type settleState struct {
 	// joined is when a member last joined the rankings; unsettled holds
 	// the shards we want but wait to campaign for until the members are
-	// settled, that is, none joined for Settle; settling is the timer
-	// that reconciles them then.
+	// settled, that is, none joined for Settle; timer is the timer that
+	// reconciles them then.
 	joined       time.Time
 	unsettled    map[string]bool
 	standbySince map[string]time.Time // when we first waited for a shard's first candidate
-	settling     *time.Timer
-	idle         chan struct{} // closed while we have no worker; see Drain
-	hostsSynced  bool
-	candsListed  bool
-	candsLost    time.Time // when the candidate watch broke, zero while it runs
-	// member is the session of our member key, the last one while we
-	// announce again on a new one, since announcing (zero while it lives).
-	member     *session
-	announcing time.Time
-	// viewRev is the etcd revision our view of the members and the
-	// candidates has reached; viewMoved is closed and replaced as it
-	// moves.
-	viewRev   int64
-	viewMoved chan struct{}
-	// replaced holds the word that etcd was replaced (the host
-	// watcher's, or heard's), until our view is listed again; viewMark
-	// follows the etcd of our view, from its answers and ours.
-	replaced *replacedNote
-	viewMark etcdMark
+	timer        *time.Timer
 }
 
 // candidate is a candidacy in a shard's election.
@@ -148,7 +154,7 @@ type shardWorker struct {
 	e       *Election               // the election of the Run that runs
 	owned   Shard                   // what that Run was given
 	move    bool                    // it counts in ShardSet.moves
-	hand    bool                    // it counts in ShardSet.handing
+	hand    bool                    // it counts in ShardSet.hands
 }
 
 // Why a Run's ctx ended, besides ErrClosed, ErrClientClosed, ErrHostGone
@@ -199,7 +205,7 @@ func NewShardSet(ctx context.Context, cli *clientv3.Client, opts ShardOptions) (
 		return nil, err
 	}
 	s := newShardSet(cli, opts, pool, w)
-	s.replaced = replaced
+	s.view.replaced = replaced
 	if err = s.start(ctx); err == nil {
 		s.follow()
 		return s, nil
@@ -215,13 +221,15 @@ func NewShardSet(ctx context.Context, cli *clientv3.Client, opts ShardOptions) (
 
 func newShardSet(cli *clientv3.Client, opts ShardOptions, pool *ElectionPool, w *HostWatcher) *ShardSet {
 	s := &ShardSet{cli: cli, opts: opts, log: logger(opts.Logger), pool: pool, w: w,
-		hostsEnded: make(chan struct{}), ready: make(chan struct{}), reannounce: make(chan struct{}, 1),
-		done: make(chan struct{}), idle: closedChan, viewMoved: make(chan struct{}), hosts: map[string]bool{}, members: map[string]ShardMember{},
-		cands: map[string]map[string]candidate{}, workers: map[string]*shardWorker{}, waitMove: map[string]bool{}, waitHand: map[string]bool{},
-		order: map[string][]rankedMember{}, ranked: map[string]bool{}, ordered: map[string]ShardMember{},
-		unsettled: map[string]bool{}, standbySince: map[string]time.Time{}}
+		hostsEnded: make(chan struct{}), ready: make(chan struct{}), member: announcement{reannounce: make(chan struct{}, 1)},
+		done: make(chan struct{}), idle: closedChan, workers: map[string]*shardWorker{},
+		view: shardView{moved: make(chan struct{}), hosts: map[string]bool{}, members: map[string]ShardMember{},
+			cands: map[string]map[string]candidate{}},
+		moves: moveBudget{waiting: map[string]bool{}}, hands: moveBudget{waiting: map[string]bool{}},
+		rank:   ranking{order: map[string][]rankedMember{}, ranked: map[string]bool{}, ordered: map[string]ShardMember{}},
+		settle: settleState{unsettled: map[string]bool{}, standbySince: map[string]time.Time{}}}
 	for _, name := range opts.Shards {
-		s.cands[name] = map[string]candidate{}
+		s.view.cands[name] = map[string]candidate{}
 	}
 	s.ctx, s.cancel = context.WithCancelCause(context.Background())
 	return s
@@ -289,57 +297,6 @@ func (s *ShardSet) start(ctx context.Context) (err error) {
 	}
 }
 
-// weight is host's rendezvous weight for shard: FNV-1a 64 of shard, a
-// zero byte and host, spread by splitmix64's finalizer (FNV alone leaves
-// weights of similar names close together). The zero byte keeps ("ab",
-// "c") apart from ("a", "bc"). It is wire format, as RankHosts is: it
-// must never change.
-func weight(shard, host string) uint64 {
-	const offset, prime = 14695981039346656037, 1099511628211
-	h := uint64(offset)
-	for _, s := range [...]string{shard, "\x00", host} {
-		for i := 0; i < len(s); i++ {
-			h = (h ^ uint64(s[i])) * prime
-		}
-	}
-	h = (h ^ h>>30) * 0xbf58476d1ce4e5b9
-	h = (h ^ h>>27) * 0x94d049bb133111eb
-	return h ^ h>>31
-}
-
-// RankHosts returns hosts (HostUUIDs) in the order every ShardSet ranks
-// them for shard, best first: by rendezvous weight, the highest first,
-// then by HostUUID. The top Replicas live hosts campaign for the shard and
-// the first of them that campaigns owns it, so any program can tell where
-// a shard belongs without asking etcd. hosts is not changed.
-//
-// The ranking is wire format, shared by every agent of a fleet whatever
-// its version: it must never change. Were it to, old and new agents would
-// rank differently during a rolling upgrade: more than Replicas hosts
-// might campaign for a shard, or none of them.
-func RankHosts(shard string, hosts []string) []string {
-	out := slices.Clone(hosts)
-	slices.SortFunc(out, func(a, b string) int {
-		if ranksBefore(shard, a, b) {
-			return -1
-		}
-		return 1
-	})
-	return out
-}
-
-// ranksBefore reports whether host a ranks before host b for shard: by
-// weight, highest first, then by HostUUID. Every host ranks alike.
-func ranksBefore(shard, a, b string) bool {
-	return heavier(weight(shard, a), a, weight(shard, b), b)
-}
-
-// heavier reports whether host a, of rendezvous weight wa, ranks before
-// host b, of weight wb: the higher weight first, then the lower HostUUID.
-func heavier(wa uint64, a string, wb uint64, b string) bool {
-	return wa > wb || wa == wb && a < b
-}
-
 // wantLocked reports whether we want shard: we are a live member, and
 // among its candidates, or we run it: an owner keeps its shard until the
 // next candidate is in line to take it over (see outranked), so that a
@@ -351,7 +308,7 @@ func (s *ShardSet) wantLocked(shard string) bool {
 	if w := s.workers[shard]; w != nil && w.stopRun != nil {
 		return true
 	}
-	return s.ranked[shard]
+	return s.rank.ranked[shard]
 }
 
 // outranked reports whether one of cands, in line behind our leadership
@@ -373,7 +330,7 @@ func (s *ShardSet) outranked(shard string, token int64, cands map[string]candida
 // rankOf returns what ranks host: its member record, or the defaults for
 // a member not seen yet.
 func (s *ShardSet) rankOf(host string) ShardMember {
-	if m, ok := s.members[host]; ok {
+	if m, ok := s.view.members[host]; ok {
 		return m
 	}
 	return ShardMember{HostUUID: host, Weight: 1}
@@ -383,7 +340,7 @@ func (s *ShardSet) rankOf(host string) ShardMember {
 // from another live member, which owns it and ranks after us.
 func (s *ShardSet) takeoverLocked(shard string) bool {
 	var owner candidate
-	for _, c := range s.cands[shard] {
+	for _, c := range s.view.cands[shard] {
 		if owner.rev == 0 || c.rev < owner.rev {
 			owner = c
 		}
@@ -398,7 +355,7 @@ func (s *ShardSet) takeoverLocked(shard string) bool {
 // a better-ranked member campaigns. Nothing is decided before all are
 // known, nor after the end.
 func (s *ShardSet) reconcileLocked(shard string) {
-	if !s.hostsSynced || !s.candsListed || s.ctx.Err() != nil {
+	if !s.view.hostsSynced || !s.view.candsListed || s.ctx.Err() != nil {
 		return
 	}
 	want := s.wantLocked(shard)
@@ -407,21 +364,21 @@ func (s *ShardSet) reconcileLocked(shard string) {
 	case w == nil && want && s.waitSettleLocked(shard):
 	case w == nil && want:
 		move := s.takeoverLocked(shard)
-		if move && s.moves >= s.opts.MaxMoves {
-			s.waitMove[shard] = true
+		if move && s.moves.inFlight >= s.opts.MaxMoves {
+			s.moves.waiting[shard] = true
 			return
 		}
-		delete(s.waitMove, shard)
+		delete(s.moves.waiting, shard)
 		w = &shardWorker{name: shard, key: s.opts.Prefix + shard, log: s.log.With("shard", shard), move: move}
 		if move {
-			s.moves++
+			s.moves.inFlight++
 		}
 		s.startLocked(w)
 	case w == nil:
-		delete(s.waitMove, shard)
-		delete(s.waitHand, shard)
-		delete(s.unsettled, shard)
-		delete(s.standbySince, shard)
+		delete(s.moves.waiting, shard)
+		delete(s.hands.waiting, shard)
+		delete(s.settle.unsettled, shard)
+		delete(s.settle.standbySince, shard)
 	case !want:
 		if w.endTerm != nil {
 			why := s.whyNotLocked()
@@ -434,7 +391,7 @@ func (s *ShardSet) reconcileLocked(shard string) {
 		// takes nothing over, and a slot it kept would keep the takeovers
 		// waiting for one from starting, for as long as it stands by.
 		s.endMoveLocked(w)
-	case w.stopRun != nil && s.outranked(shard, w.owned.Token, s.cands[shard]):
+	case w.stopRun != nil && s.outranked(shard, w.owned.Token, s.view.cands[shard]):
 		s.handOverLocked(w)
 	}
 }
@@ -445,13 +402,13 @@ func (s *ShardSet) reconcileLocked(shard string) {
 // joining, move in steps); the others wait for a slot.
 func (s *ShardSet) handOverLocked(w *shardWorker) {
 	if !w.hand {
-		if s.handing >= s.opts.MaxMoves {
-			s.waitHand[w.name] = true
+		if s.hands.inFlight >= s.opts.MaxMoves {
+			s.hands.waiting[w.name] = true
 			return
 		}
-		delete(s.waitHand, w.name)
+		delete(s.hands.waiting, w.name)
 		w.hand = true
-		s.handing++
+		s.hands.inFlight++
 	}
 	why := errBetterHost
 	if s.draining {
@@ -474,28 +431,28 @@ func (s *ShardSet) handOverLocked(w *shardWorker) {
 func (s *ShardSet) waitSettleLocked(shard string) bool {
 	now := time.Now()
 	var wait time.Duration
-	if len(s.cands[shard]) > 0 {
-		wait = s.opts.Settle - now.Sub(s.joined)
-	} else if s.order[shard][0].HostUUID != s.opts.Self {
-		since, ok := s.standbySince[shard]
+	if len(s.view.cands[shard]) > 0 {
+		wait = s.opts.Settle - now.Sub(s.settle.joined)
+	} else if s.rank.order[shard][0].HostUUID != s.opts.Self {
+		since, ok := s.settle.standbySince[shard]
 		if !ok {
 			since = now
-			s.standbySince[shard] = now
+			s.settle.standbySince[shard] = now
 		}
 		wait = s.opts.TTL/2 - now.Sub(since)
 	}
 	if wait <= 0 {
-		delete(s.unsettled, shard)
-		delete(s.standbySince, shard)
+		delete(s.settle.unsettled, shard)
+		delete(s.settle.standbySince, shard)
 		return false
 	}
-	s.unsettled[shard] = true
-	if s.settling == nil {
-		s.settling = time.AfterFunc(wait, func() {
+	s.settle.unsettled[shard] = true
+	if s.settle.timer == nil {
+		s.settle.timer = time.AfterFunc(wait, func() {
 			s.mu.Lock()
 			defer s.mu.Unlock()
-			s.settling = nil
-			for shard := range s.unsettled {
+			s.settle.timer = nil
+			for shard := range s.settle.unsettled {
 				s.reconcileLocked(shard)
 			}
 		})
@@ -540,7 +497,7 @@ func (s *ShardSet) endMoveLocked(w *shardWorker) {
 		return
 	}
 	w.move = false
-	s.freeSlotLocked(&s.moves, s.waitMove)
+	s.freeSlotLocked(&s.moves)
 }
 
 // endHandLocked gives back w's handoff slot, if it holds one, to a shard
@@ -550,18 +507,18 @@ func (s *ShardSet) endHandLocked(w *shardWorker) {
 		return
 	}
 	w.hand = false
-	s.freeSlotLocked(&s.handing, s.waitHand)
+	s.freeSlotLocked(&s.hands)
 }
 
-// freeSlotLocked gives back one of the slots counted by *n, and reconciles
-// the shards of wait, which wait for one, while there are some free.
-func (s *ShardSet) freeSlotLocked(n *int, wait map[string]bool) {
-	*n--
-	for shard := range wait {
-		if *n >= s.opts.MaxMoves {
+// freeSlotLocked gives back one of b's slots, and reconciles the shards
+// waiting for one, while there are some free.
+func (s *ShardSet) freeSlotLocked(b *moveBudget) {
+	b.inFlight--
+	for shard := range b.waiting {
+		if b.inFlight >= s.opts.MaxMoves {
 			return
 		}
-		delete(wait, shard)
+		delete(b.waiting, shard)
 		s.reconcileLocked(shard)
 	}
 }
@@ -569,17 +526,17 @@ func (s *ShardSet) freeSlotLocked(n *int, wait map[string]bool) {
 // reconcileAllLocked ranks and reconciles every shard, once the hosts,
 // the members and the candidates are all known.
 func (s *ShardSet) reconcileAllLocked() {
-	if !s.hostsSynced || !s.candsListed {
+	if !s.view.hostsSynced || !s.view.candsListed {
 		return
 	}
 	s.readyOnce.Do(func() { close(s.ready) })
 	s.reorderLocked()
-	for shard := range s.cands {
-		s.ranked[shard] = s.rankedLocked(shard)
+	for shard := range s.view.cands {
+		s.rank.ranked[shard] = s.rankedLocked(shard)
 		s.reconcileLocked(shard)
 	}
-	s.refreshed = true
-	_, s.selfLive = s.memberLocked(s.opts.Self)
+	s.rank.refreshed = true
+	_, s.rank.selfLive = s.memberLocked(s.opts.Self)
 }
 
 // refreshLocked brings the rankings in line with the live members, and
@@ -591,16 +548,16 @@ func (s *ShardSet) reconcileAllLocked() {
 // every shard.
 func (s *ShardSet) refreshLocked() {
 	_, live := s.memberLocked(s.opts.Self)
-	if !s.refreshed || live != s.selfLive {
+	if !s.rank.refreshed || live != s.rank.selfLive {
 		s.reconcileAllLocked()
 		return
 	}
 	if !s.reorderLocked() {
 		return
 	}
-	for shard := range s.cands {
-		if r := s.rankedLocked(shard); r != s.ranked[shard] {
-			s.ranked[shard] = r
+	for shard := range s.view.cands {
+		if r := s.rankedLocked(shard); r != s.rank.ranked[shard] {
+			s.rank.ranked[shard] = r
 			s.reconcileLocked(shard)
 		}
 	}
@@ -633,7 +590,7 @@ func (s *ShardSet) followHosts() {
 		case ev, ok := <-s.w.Events():
 			if !ok {
 				s.log.Info("coord: shard set: host watcher ended", "err", s.w.Err())
-				s.update(func() { clear(s.hosts) })
+				s.update(func() { clear(s.view.hosts) })
 				if err := s.w.Err(); err != nil {
 					go s.end(err)
 				}
@@ -642,7 +599,7 @@ func (s *ShardSet) followHosts() {
 			s.update(func() { s.noteHostsLocked(ev) })
 		case <-synced:
 			synced = nil
-			s.update(func() { s.hostsSynced = true })
+			s.update(func() { s.view.hostsSynced = true })
 		}
 	}
 }
@@ -652,9 +609,9 @@ func (s *ShardSet) followHosts() {
 func (s *ShardSet) noteHostsLocked(ev HostEvent) {
 	for range hostBatch {
 		if ev.Kind == HostDown {
-			delete(s.hosts, ev.HostUUID)
+			delete(s.view.hosts, ev.HostUUID)
 		} else {
-			s.hosts[ev.HostUUID] = true
+			s.view.hosts[ev.HostUUID] = true
 		}
 		var ok bool
 		select {
@@ -674,28 +631,28 @@ func (s *ShardSet) followCandidates() {
 	defer s.wg.Done()
 	var r retry
 	for {
-		since := s.viewMark.at()
+		since := s.view.mark.at()
 		resp, err := s.cli.Get(s.ctx, s.opts.Prefix, clientv3.WithPrefix())
 		if err == nil {
 			s.update(func() {
-				for shard := range s.cands {
-					s.cands[shard] = map[string]candidate{}
+				for shard := range s.view.cands {
+					s.view.cands[shard] = map[string]candidate{}
 				}
-				clear(s.members)
+				clear(s.view.members)
 				for _, kv := range resp.Kvs {
 					s.noteLocked(kv, false)
 				}
-				if err := s.viewMark.see(resp.Header, since); err != nil {
+				if err := s.view.mark.see(resp.Header, since); err != nil {
 					s.log.Error("coord: shard set: etcd was replaced or restored, listing the members and candidates again", "err", err)
 					emit(s.opts.OnSignal, Signal{Kind: SignalEtcdReplaced, Key: s.opts.Prefix, Host: s.opts.Self, Err: err})
 				}
-				s.replaced.clear()
+				s.view.replaced.clear()
 				// Our member key may have gone while we were not
 				// watching: it is put again, whether or not it did.
 				s.askReannounceLocked()
-				s.candsListed, s.candsLost = true, time.Time{}
+				s.view.candsListed, s.view.candsLost = true, time.Time{}
 				// Every shard's candidates may have changed.
-				s.refreshed = false
+				s.rank.refreshed = false
 				s.viewAtLocked(resp.Header.Revision)
 			})
 			err = s.watchCandidates(resp.Header.Revision+1, &r)
@@ -718,11 +675,11 @@ func (s *ShardSet) watchCandidates(rev int64, r *retry) error {
 	defer cancel(nil)
 	go func() {
 		select {
-		case <-s.replaced.wake:
+		case <-s.view.replaced.wake:
 			s.mu.Lock()
 			s.forgetViewLocked()
 			s.mu.Unlock()
-			cancel(s.replaced.get())
+			cancel(s.view.replaced.get())
 		case <-ctx.Done():
 		}
 	}()
@@ -763,8 +720,8 @@ func (s *ShardSet) watchCandidates(rev int64, r *retry) error {
 // etcdMark.see): an etcd that replaced the one of our view has our view
 // forgotten, and listed again (see watchCandidates).
 func (s *ShardSet) heard(h *etcdserverpb.ResponseHeader, since *markAt) {
-	if err := s.viewMark.replacedBy(h, since); err != nil {
-		s.replaced.set(err)
+	if err := s.view.mark.replacedBy(h, since); err != nil {
+		s.view.replaced.set(err)
 	}
 }
 
@@ -775,18 +732,18 @@ func (s *ShardSet) heard(h *etcdserverpb.ResponseHeader, since *markAt) {
 // announce themselves again on the new etcd, and our shards are not let go
 // for want of them.
 func (s *ShardSet) forgetViewLocked() {
-	for shard := range s.cands {
-		s.cands[shard] = map[string]candidate{}
+	for shard := range s.view.cands {
+		s.view.cands[shard] = map[string]candidate{}
 	}
-	s.candsListed, s.viewRev = false, 0
+	s.view.candsListed, s.view.rev = false, 0
 }
 
 // viewAtLocked records that our view has reached revision rev.
 func (s *ShardSet) viewAtLocked(rev int64) {
-	if rev > s.viewRev {
-		s.viewRev = rev
-		close(s.viewMoved)
-		s.viewMoved = make(chan struct{})
+	if rev > s.view.rev {
+		s.view.rev = rev
+		close(s.view.moved)
+		s.view.moved = make(chan struct{})
 	}
 }
 
@@ -814,7 +771,7 @@ func (s *ShardSet) catchUp(ctx context.Context, rev int64) {
 	)
 	for ctx.Err() == nil {
 		s.mu.Lock()
-		at, moved := s.viewRev, s.viewMoved
+		at, moved := s.view.rev, s.view.moved
 		s.mu.Unlock()
 		if at >= rev {
 			return
@@ -846,7 +803,7 @@ func (s *ShardSet) noteLocked(kv *mvccpb.KeyValue, deleted bool) (shard string, 
 		s.noteMemberLocked(kv, lease, deleted)
 		return "", true
 	}
-	cands, known := s.cands[shard]
+	cands, known := s.view.cands[shard]
 	if !ok || !known || strings.Contains(lease, "/") {
 		return "", false
 	}
@@ -864,22 +821,22 @@ func (s *ShardSet) noteMemberLocked(kv *mvccpb.KeyValue, host string, deleted bo
 	m, ok := decodeMember(s.opts.Prefix, kv)
 	switch {
 	case deleted:
-		delete(s.members, host)
+		delete(s.view.members, host)
 		if host == s.opts.Self {
 			s.askReannounceLocked()
 		}
 	case !ok:
 		s.log.Warn("coord: shard set: skipping a member key that is not a member's", "key", string(kv.Key))
-		delete(s.members, host)
+		delete(s.view.members, host)
 	default:
-		s.members[host] = m
+		s.view.members[host] = m
 	}
 }
 
 // askReannounceLocked asks keepAnnounced to put our member key again.
 func (s *ShardSet) askReannounceLocked() {
 	select {
-	case s.reannounce <- struct{}{}:
+	case s.member.reannounce <- struct{}{}:
 	default:
 	}
 }
@@ -1028,8 +985,8 @@ func (s *ShardSet) acquire(w *shardWorker, e *Election, term context.Context) (c
 	s.endMoveLocked(w) // moved, or handed on at once: either way, not in flight
 	done := e.Done()
 	sh := Shard{Name: w.name, Token: token, Guard: e.Guard()}
-	view := s.cands[w.name]
-	if s.replaced.get() != nil {
+	view := s.view.cands[w.name]
+	if s.view.replaced.get() != nil {
 		view = nil // of an etcd replaced since, listed again soon
 	}
 	if sh.Token == 0 || term.Err() != nil || s.outranked(w.name, sh.Token, view) || s.outranked(w.name, sh.Token, fresh) {
@@ -1052,7 +1009,7 @@ func (s *ShardSet) line(ctx context.Context, key string, linear bool) (map[strin
 	}
 	var since *markAt
 	if linear {
-		since = s.viewMark.at()
+		since = s.view.mark.at()
 	}
 	cands := map[string]candidate{}
 	resp, err := s.cli.Get(ctx, key+"/", opts...)
@@ -1071,7 +1028,7 @@ func (s *ShardSet) line(ctx context.Context, key string, linear bool) (map[strin
 // etcd's list read at revision at, does not show: it was read before the
 // candidate's revision.
 func (s *ShardSet) unconfirmedLocked(shard string, token int64, fresh map[string]candidate, at int64) bool {
-	for key, c := range s.cands[shard] {
+	for key, c := range s.view.cands[shard] {
 		if _, ok := fresh[key]; !ok && c.rev > at && s.outranked(shard, token, map[string]candidate{key: c}) {
 			return true
 		}
@@ -1193,8 +1150,8 @@ func (s *ShardSet) stop(cause error) {
 	// Under mu: no Run starts once it is cancelled (see acquire).
 	s.mu.Lock()
 	s.cancel(cause)
-	if s.settling != nil {
-		s.settling.Stop()
+	if s.settle.timer != nil {
+		s.settle.timer.Stop()
 	}
 	s.mu.Unlock()
 	s.w.Close()

@@ -47,107 +47,21 @@ func decodeMember(prefix string, kv *mvccpb.KeyValue) (m ShardMember, ok bool) {
 	return m, true
 }
 
-// rankedMember is a member as a shard ranks it: with its rendezvous
-// weight and score for the shard, computed once. It points to the member,
-// which every shard's ranking shares: a fleet's rankings are shards ×
-// members of these, kept small.
-type rankedMember struct {
-	*ShardMember
-	w     uint64  // weight(shard, HostUUID)
-	score float64 // see score
-}
-
-// rankOn returns m as shard ranks it.
-func rankOn(shard string, m *ShardMember) rankedMember {
-	w := weight(shard, m.HostUUID)
-	return rankedMember{m, w, score(m.Weight, w)}
-}
-
-// member returns m: what pickRanked picks from.
-func (m ShardMember) member() ShardMember { return m }
-
-// score is the weighted rendezvous score of a member of weight weight
-// whose rendezvous weight is w: −weight/ln(h), h being w mapped into
-// (0, 1). A member of weight 2 scores highest about twice as often as one
-// of weight 1.
-func score(weight float64, w uint64) float64 {
-	h := (float64(w>>11) + 0.5) / (1 << 53)
-	return -weight / math.Log(h)
-}
-
-// before reports whether a ranks before b for their shard: draining
-// members last; then by weighted score, the highest first; then as
-// RankHosts ranks (which is the order of the scores when the weights are
-// equal, without their rounding).
-func (a rankedMember) before(b rankedMember) bool {
-	if a.Draining != b.Draining {
-		return b.Draining
-	}
-	if a.Weight != b.Weight && a.score != b.score {
-		return a.score > b.score
-	}
-	return heavier(a.w, a.HostUUID, b.w, b.HostUUID)
-}
-
-// byRank orders members of one shard, best first; no two are equal (they
-// are distinct hosts).
-func byRank(a, b rankedMember) int {
-	if a.before(b) {
-		return -1
-	}
-	return 1
-}
-
-// memberBefore reports whether member a ranks before member b for shard.
-func memberBefore(shard string, a, b ShardMember) bool {
-	return rankOn(shard, &a).before(rankOn(shard, &b))
-}
-
-// RankMembers returns members in the order every ShardSet ranks them for
-// shard, best first: draining members last; then by weighted rendezvous
-// score, the highest first; then as RankHosts ranks (for members of one
-// weight that do not drain, the order of RankHosts). A candidate in line
-// behind a shard's owner that ranks before it is a planned move: the
-// owner hands the shard over. members is not changed.
-//
-// Like RankHosts, the ranking is wire format: it must never change.
-func RankMembers(shard string, members []ShardMember) []ShardMember {
-	ranked := make([]rankedMember, len(members))
-	for i, m := range members {
-		ranked[i] = rankOn(shard, &m)
-	}
-	slices.SortFunc(ranked, byRank)
-	out := make([]ShardMember, len(ranked))
-	for i, m := range ranked {
-		out[i] = *m.ShardMember
-	}
-	return out
-}
-
-// pickRanked returns the candidates among ranked, best first: the
-// best-ranked member of each zone, in rank order, until there are n; then
-// the best-ranked others. So a shard's n candidates are in n zones while
-// there are that many.
-func pickRanked[M interface{ member() ShardMember }](ranked []M, n int) []M {
-	out := make([]M, 0, n)
-	zones := map[string]bool{}
-	var rest []M
-	for _, m := range ranked {
-		if z := m.member().Zone; len(out) < n && !zones[z] {
-			zones[z] = true
-			out = append(out, m)
-		} else if len(rest) < n {
-			rest = append(rest, m)
-		}
-	}
-	return append(out, rest[:min(len(rest), n-len(out))]...)
+// announcement is our member key's state. Guarded by ShardSet.mu, but
+// for reannounce, a channel.
+type announcement struct {
+	// sess is the session of our member key, the last one while we
+	// announce again on a new one, since announcing (zero while it lives).
+	sess       *session
+	announcing time.Time
+	reannounce chan struct{} // asks keepAnnounced to put our member key again
 }
 
 // memberLocked returns host's member record, and whether it is a live
 // member: its member key is there and its host is live.
 func (s *ShardSet) memberLocked(host string) (ShardMember, bool) {
-	m, ok := s.members[host]
-	return m, ok && s.hosts[host]
+	m, ok := s.view.members[host]
+	return m, ok && s.view.hosts[host]
 }
 
 // selfLocked returns our member record as the others rank us.
@@ -158,8 +72,8 @@ func (s *ShardSet) selfLocked() ShardMember {
 // rankedLocked reports whether we are among shard's candidates, as its
 // ranking says: the first Replicas, while the members are in one zone.
 func (s *ShardSet) rankedLocked(shard string) bool {
-	picked := s.order[shard]
-	if s.zoned {
+	picked := s.rank.order[shard]
+	if s.rank.zoned {
 		picked = pickRanked(picked, s.opts.Replicas)
 	}
 	return slices.ContainsFunc(picked[:min(len(picked), s.opts.Replicas)], func(m rankedMember) bool { return m.HostUUID == s.opts.Self })
@@ -173,42 +87,42 @@ func (s *ShardSet) rankedLocked(shard string) bool {
 func (s *ShardSet) reorderLocked() bool {
 	now := map[string]ShardMember{}
 	zones := map[string]bool{}
-	for h, m := range s.members {
+	for h, m := range s.view.members {
 		if h == s.opts.Self {
 			m = s.selfLocked()
 		}
-		if s.hosts[h] && !m.Draining {
+		if s.view.hosts[h] && !m.Draining {
 			now[h] = m
 			zones[m.Zone] = true
 		}
 	}
-	s.zoned = len(zones) > 1
+	s.rank.zoned = len(zones) > 1
 	changed := false
-	for h, old := range s.ordered {
+	for h, old := range s.rank.ordered {
 		if m, ok := now[h]; !ok || m != old {
-			for shard, o := range s.order {
-				s.order[shard] = slices.DeleteFunc(o, func(m rankedMember) bool { return m.HostUUID == h })
+			for shard, o := range s.rank.order {
+				s.rank.order[shard] = slices.DeleteFunc(o, func(m rankedMember) bool { return m.HostUUID == h })
 			}
-			delete(s.ordered, h)
+			delete(s.rank.ordered, h)
 			changed = true
 		}
 	}
 	var joined []*ShardMember
 	for h, m := range now {
-		if _, ok := s.ordered[h]; !ok {
+		if _, ok := s.rank.ordered[h]; !ok {
 			joined = append(joined, &m)
-			s.ordered[h] = m
+			s.rank.ordered[h] = m
 		}
 	}
 	if len(joined) == 0 {
 		return changed
 	}
-	for shard := range s.cands {
-		o := s.order[shard]
+	for shard := range s.view.cands {
+		o := s.rank.order[shard]
 		if len(joined) == 1 {
 			m := rankOn(shard, joined[0])
 			i, _ := slices.BinarySearchFunc(o, m, byRank)
-			s.order[shard] = slices.Insert(o, i, m)
+			s.rank.order[shard] = slices.Insert(o, i, m)
 			continue
 		}
 		o = slices.Grow(o, len(joined))
@@ -216,9 +130,9 @@ func (s *ShardSet) reorderLocked() bool {
 			o = append(o, rankOn(shard, m))
 		}
 		slices.SortFunc(o, byRank)
-		s.order[shard] = o
+		s.rank.order[shard] = o
 	}
-	s.joined = time.Now()
+	s.settle.joined = time.Now()
 	return true
 }
 
@@ -229,7 +143,7 @@ func (s *ShardSet) Members() []ShardMember {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []ShardMember
-	for h := range s.members {
+	for h := range s.view.members {
 		if m, live := s.memberLocked(h); live {
 			out = append(out, m)
 		}
@@ -249,7 +163,7 @@ func (s *ShardSet) announce(ctx context.Context, sess *session) error {
 	defer cancel()
 	ctx, cancelT := context.WithTimeout(ctx, sess.ttl)
 	defer cancelT()
-	since := s.viewMark.at()
+	since := s.view.mark.at()
 	resp, err := s.cli.Put(ctx, memberKey(s.opts.Prefix, s.opts.Self), string(val), clientv3.WithLease(sess.id))
 	if err != nil {
 		return fmt.Errorf("announce member: %w", err)
@@ -265,9 +179,9 @@ func (s *ShardSet) announced(sess *session) {
 	defer s.mu.Unlock()
 	switch {
 	case sess != nil:
-		s.member, s.announcing = sess, time.Time{}
+		s.member.sess, s.member.announcing = sess, time.Time{}
 	default:
-		s.announcing = time.Now()
+		s.member.announcing = time.Now()
 	}
 }
 
@@ -283,7 +197,7 @@ func (s *ShardSet) keepAnnounced(sess *session) {
 		case <-s.ctx.Done():
 			return
 		case <-sess.ctx.Done():
-		case <-s.reannounce:
+		case <-s.member.reannounce:
 			if s.announce(s.ctx, sess) == nil {
 				continue
 			}

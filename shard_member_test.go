@@ -584,6 +584,6 @@ func testShardDrainStandbys(t *testing.T) {
 	l.until(t, "b holding no move slot", func() bool {
 		b.set.mu.Lock()
 		defer b.set.mu.Unlock()
-		return b.set.moves == 0
+		return b.set.moves.inFlight == 0
 	})
 }

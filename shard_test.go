@@ -474,10 +474,10 @@ func shSettle(t *testing.T, l *shLedger, shards []string, live, all []*shHost) m
 				if h.set != nil {
 					h.set.mu.Lock()
 					t.Logf("%s: view at revision %d, listed %v, hosts synced %v, members %d, moves %d, handing %d, unsettled %d",
-						h.id, h.set.viewRev, h.set.candsListed, h.set.hostsSynced, len(h.set.members), h.set.moves, h.set.handing, len(h.set.unsettled))
+						h.id, h.set.view.rev, h.set.view.candsListed, h.set.view.hostsSynced, len(h.set.view.members), h.set.moves.inFlight, h.set.hands.inFlight, len(h.set.settle.unsettled))
 					for _, sh := range bad[:min(len(bad), 8)] {
 						w := h.set.workers[sh]
-						t.Logf("  %s: worker %v, running %v, candidates %v, ranked %v", sh, w != nil, w != nil && w.stopRun != nil, h.set.cands[sh], h.set.ranked[sh])
+						t.Logf("  %s: worker %v, running %v, candidates %v, ranked %v", sh, w != nil, w != nil && w.stopRun != nil, h.set.view.cands[sh], h.set.rank.ranked[sh])
 					}
 					h.set.mu.Unlock()
 				}

@@ -327,6 +327,20 @@ func headingAnchors(markdown string) []string {
 // markdownLinkText matches an inline link, its text in the first group.
 var markdownLinkText = regexp.MustCompile(`!?\[([^\]]*)\]\([^)]*\)`)
 
+// TestREADMELength keeps the README what a newcomer reads in ten
+// minutes: at most readmeLines lines; the rest belongs in docs/.
+func TestREADMELength(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(readme), "\n"); n > readmeLines {
+		t.Errorf("README.md has %d lines, want at most %d: move the detail to a page of docs/", n, readmeLines)
+	}
+}
+
+const readmeLines = 250
+
 // goBlock is a fenced ```go block of a Markdown text.
 type goBlock struct {
 	line int // of its opening fence, from 1

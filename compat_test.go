@@ -671,6 +671,10 @@ func TestCompatLeaderKill(t *testing.T) {
 		h.start(t, l, ShardOptions{Shards: shards, TTL: ttl, Run: l.writer(h.cli, h.id), Logger: log.With("host", h.id)})
 	}
 	shSettle(t, l, shards, hosts, hosts)
+	// The standbys in line too: a candidate put that etcd has not answered
+	// when its leader dies ends its session (its outcome is unknown), and
+	// with it the terms on that session. The kill is of a fleet at rest.
+	shSettleCandidates(t, c.cli, shards, hosts, DefaultShardReplicas)
 	type term struct {
 		host  string
 		token int64
@@ -741,10 +745,10 @@ func TestCompatLeaderKill(t *testing.T) {
 	killed := time.Now()
 	// How long raft takes to elect a new leader, asked of the members
 	// meanwhile: what coord adds is the rest.
-	elected, ctx := make(chan time.Duration, 1), testCtx(t)
+	elected, pctx := make(chan time.Duration, 1), testCtx(t)
 	go func() {
-		for ctx.Err() == nil {
-			if _, id := c.leaderNow(ctx, lead); id != 0 && id != old {
+		for pctx.Err() == nil {
+			if _, id := c.leaderNow(pctx, lead); id != 0 && id != old {
 				elected <- time.Since(killed)
 				return
 			}

@@ -302,21 +302,23 @@ func renewalLate(h liveHost) bool {
 // a read sent at sent, to the live hosts the watcher has shown: a host
 // the listing misses, or only it has, waits for the watcher's event.
 func (s *uiState) noteTTLs(hosts []liveHost, sent time.Time) {
-	ttls := map[string]string{}
-	left := map[string]int64{}
-	late := map[string]bool{}
+	read := map[string]liveHost{}
 	for _, h := range hosts {
-		ttls[h.HostUUID], left[h.HostUUID], late[h.HostUUID] = formatTTL(h), h.TTLLeft, renewalLate(h)
+		read[h.HostUUID] = h
 	}
 	s.mu.Lock()
 	same := true
 	for id, h := range s.hosts {
-		if ttl, ok := ttls[id]; ok && h.downAt.IsZero() && (h.ttl != ttl || h.late != late[id]) {
+		r, ok := read[id]
+		if !ok || !h.downAt.IsZero() {
+			continue
+		}
+		if h.ttl != formatTTL(r) || h.late != renewalLate(r) {
 			same = false
 		}
 		// Only a read sent after the host came up is of its lease.
-		if n, ok := left[id]; ok && h.downAt.IsZero() && sent.After(h.up) {
-			if b := sent.Add(time.Duration(max(n, 0)) * time.Second); b.After(h.notBefore) {
+		if sent.After(h.up) {
+			if b := sent.Add(time.Duration(max(r.TTLLeft, 0)) * time.Second); b.After(h.notBefore) {
 				h.notBefore = b
 			}
 		}
@@ -327,8 +329,8 @@ func (s *uiState) noteTTLs(hosts []liveHost, sent time.Time) {
 	}
 	s.update(func() {
 		for id, h := range s.hosts {
-			if ttl, ok := ttls[id]; ok && h.downAt.IsZero() {
-				h.ttl, h.late = ttl, late[id]
+			if r, ok := read[id]; ok && h.downAt.IsZero() {
+				h.ttl, h.late = formatTTL(r), renewalLate(r)
 			}
 		}
 	})

@@ -365,6 +365,17 @@ func TestUIShardMoves(t *testing.T) {
 
 // startUI serves coord ui of the etcd at ep with args, and returns it
 // with the page's URL.
+// uiStateOf returns the view that the page at url serves as /state.
+func uiStateOf(t *testing.T, url string) uiView {
+	t.Helper()
+	_, body := getAs(t, url+"state", "127.0.0.1")
+	var v uiView
+	if err := json.Unmarshal([]byte(body), &v); err != nil {
+		t.Fatalf("/state: %v\n%s", err, body)
+	}
+	return v
+}
+
 func startUI(t *testing.T, ep string, args ...string) (*bgCoord, string) {
 	t.Helper()
 	ui := startCoord(t, append([]string{"ui", "--endpoints", ep, "--listen", "127.0.0.1:0"}, args...)...)
@@ -475,14 +486,7 @@ func TestUIHardening(t *testing.T) {
 func TestUIEtcdUnreachable(t *testing.T) {
 	srv, ep, _ := newEtcd(t)
 	_, url := startUI(t, ep)
-	state := func() uiView {
-		_, body := getAs(t, url+"state", "127.0.0.1")
-		var v uiView
-		if err := json.Unmarshal([]byte(body), &v); err != nil {
-			t.Fatalf("/state: %v\n%s", err, body)
-		}
-		return v
-	}
+	state := func() uiView { return uiStateOf(t, url) }
 	eventually(t, "etcd answering", func() bool {
 		v := state()
 		return !v.Stale && strings.HasPrefix(v.Etcd, "etcd last answered at ")
@@ -515,13 +519,8 @@ func TestUIEtcdReplaced(t *testing.T) {
 	}
 	_, url := startUI(t, ep)
 	elections := func() []string {
-		_, body := getAs(t, url+"state", "127.0.0.1")
-		var v uiView
-		if err := json.Unmarshal([]byte(body), &v); err != nil {
-			t.Fatalf("/state: %v\n%s", err, body)
-		}
 		var out []string
-		for _, e := range v.Elections {
+		for _, e := range uiStateOf(t, url).Elections {
 			out = append(out, e.Key+"="+e.Leader.Identity)
 		}
 		return out
@@ -659,14 +658,7 @@ func TestUIStopCrashAndTakeover(t *testing.T) {
 		t.Cleanup(func() { e.Close(); <-led })
 	}
 	_, url := startUI(t, ep)
-	state := func() uiView {
-		_, body := getAs(t, url+"state", "127.0.0.1")
-		var v uiView
-		if err := json.Unmarshal([]byte(body), &v); err != nil {
-			t.Fatalf("/state: %v\n%s", err, body)
-		}
-		return v
-	}
+	state := func() uiView { return uiStateOf(t, url) }
 	down := func(id string) (string, bool) {
 		for _, h := range state().Hosts {
 			if h.HostUUID == id {

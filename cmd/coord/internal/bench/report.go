@@ -47,16 +47,6 @@ type Row struct {
 	Goal     string `json:"goal"`
 }
 
-// Number returns the scenario's number with its letter, as the row names
-// it ("3b" of "3b. Resign …"), "" if it names none.
-func (r Row) Number() string {
-	n, _, ok := strings.Cut(r.Scenario, ". ")
-	if !ok || n == "" || n[0] < '0' || n[0] > '9' {
-		return ""
-	}
-	return n
-}
-
 // loadAverage returns the 1-minute load average, "" where unknown.
 func loadAverage() string {
 	b, err := os.ReadFile("/proc/loadavg")
@@ -155,11 +145,11 @@ func Render(w io.Writer, reports []Report) {
 }
 
 // scenarioNumber returns the number of row's scenario without its
-// letter, 0 if it names none.
+// letter (3 of "3b. Resign …"), 0 if it names none.
 func scenarioNumber(row Row) int {
-	n := strings.TrimRight(row.Number(), "abcdefghijklmnopqrstuvwxyz")
-	v, err := strconv.Atoi(n)
-	if err != nil {
+	n, _, _ := strings.Cut(row.Scenario, ". ")
+	v, err := strconv.Atoi(strings.TrimRight(n, "abcdefghijklmnopqrstuvwxyz"))
+	if err != nil || v < 1 {
 		return 0
 	}
 	return v

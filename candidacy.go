@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -118,8 +119,8 @@ func (c *candidacy) try(ctx context.Context, identity string, wait bool) (*leade
 	if err != nil {
 		return nil, err
 	}
-	// Nothing is put on a lease etcd does not answer for: a put that
-	// times out would end the session, and the terms it may resume.
+	// Nothing is put on a lease etcd does not answer for: it may have
+	// expired, and the put would wait on an etcd that does not answer.
 	if !s.valid() {
 		c.log.Debug("coord: "+c.words.ask+" waits for its session's renewals to be answered", "lease", hexID(s.id))
 	}
@@ -155,7 +156,10 @@ func (c *candidacy) try(ctx context.Context, identity string, wait bool) (*leade
 // The put is not bound to ctx: a put given up may still land, after any
 // delete sent meanwhile. When ctx ends first, it goes on in the
 // background, bounded by the TTL, and its key is taken back once its
-// fate is known (see unput).
+// fate is known (see unput). A put whose fate is unknown (its answer
+// late past the TTL, as while etcd elects a leader, or lost) is sent
+// again until etcd answers (see unanswered): the candidacy keeps its
+// place, and the session the terms it shares.
 func (c *candidacy) candidate(ctx context.Context, s *session, identity string) (key string, rev, hdr int64, back bool, _ error) {
 	key = c.prefix + hexID(s.id) + c.suffix
 	// A candidacy given up earlier is settled first (its put, or its
@@ -169,14 +173,24 @@ func (c *candidacy) candidate(ctx context.Context, s *session, identity string) 
 		key, was = l.key, l.rev
 	}
 	since := c.mark.at()
-	res := c.put(s, key, identity)
-	var p putResult
-	select {
-	case p = <-res:
-	case <-ctx.Done():
-		k := key // key, a result, is cleared by the return
-		c.settle(func() { c.unput(s, k, <-res) })
-		return "", 0, 0, false, ctx.Err()
+	res := c.put(s, key, identity, 0)
+	var (
+		p putResult
+		r retry
+	)
+	for {
+		select {
+		case p = <-res:
+		case <-ctx.Done():
+			k := key // key, a result, is cleared by the return
+			c.settle(func() { c.unput(s, k, identity, <-res) })
+			return "", 0, 0, false, ctx.Err()
+		}
+		if !c.unanswered(s, p.err) {
+			break
+		}
+		// If ctx ended meanwhile, this copy is the one unput settles.
+		res = c.reput(s, key, identity, &r, p.err)
 	}
 	switch {
 	case errors.Is(p.err, rpctypes.ErrLeaseNotFound):
@@ -184,7 +198,7 @@ func (c *candidacy) candidate(ctx context.Context, s *session, identity string) 
 		s.end(fmt.Errorf("lease %x expired or revoked", int64(s.id)))
 		return "", 0, 0, false, fmt.Errorf("%w: session ended: %w", ErrLeadershipLost, s.Err())
 	case p.err != nil:
-		c.unput(s, key, p)
+		// etcd refused it, or the session or the client ended.
 		return "", 0, 0, false, fmt.Errorf("put candidate key: %w", p.err)
 	}
 	c.heard(p.resp.Header, since)
@@ -223,13 +237,17 @@ func (p putResult) rev() int64 {
 	return p.resp.Header.Revision
 }
 
-// put sends our candidate put, bounded by the TTL and the session, and
-// returns its outcome on a channel.
-func (c *candidacy) put(s *session, key, identity string) <-chan putResult {
+// put sends our candidate put after a delay, bounded by the TTL and the
+// session, and returns its outcome on a channel.
+func (c *candidacy) put(s *session, key, identity string, after time.Duration) <-chan putResult {
 	res := make(chan putResult, 1)
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
+		if after > 0 && !sleep(s.ctx, after) {
+			res <- putResult{err: context.Cause(s.ctx)}
+			return
+		}
 		ctx, cancel := context.WithTimeout(s.ctx, s.ttl)
 		defer cancel()
 		op := clientv3.OpPut(key, identity, clientv3.WithLease(s.id))
@@ -241,6 +259,22 @@ func (c *candidacy) put(s *session, key, identity string) <-chan putResult {
 	return res
 }
 
+// unanswered reports whether a candidate put failed with err without
+// etcd's answer (its TTL ran out, its answer was lost, etcd had no
+// leader, the link was down), on a session that lives: it may have
+// landed or not, and is sent again. The put is one transaction on one
+// key of our lease, conditional on the key's absence, so its copies
+// land once: the first that etcd applies puts the key, the others find
+// it and keep its create revision. A copy given up lands, if ever, as
+// etcd takes it in, before a request sent after it through the same
+// member and leader is applied: so before the answer that settles it,
+// not after a delete that follows. A put etcd refused, or on an expired
+// lease, is answered.
+func (c *candidacy) unanswered(s *session, err error) bool {
+	return err != nil && s.ctx.Err() == nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) &&
+		fatal(context.Background(), c.cli, err) == nil
+}
+
 // top returns the options that read the first n candidates under a
 // prefix (the last n, in descending order); for n = 1, those of etcd's
 // WithFirstCreate and WithLastCreate.
@@ -248,26 +282,31 @@ func top(n int64, order clientv3.SortOrder) []clientv3.OpOption {
 	return []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, order), clientv3.WithLimit(n)}
 }
 
-// unput takes back the key of a put that nobody waits for. A put that
-// landed, or failed on its way (its answer lost, say), has its key
-// deleted, bounded by the TTL. A put given up by its own deadline may
-// still be on its way: only a revoke settles it, for a put on a revoked
-// lease can no longer land. So the session ends when the put's fate is
-// unknown or the delete fails; its lease is revoked as soon as etcd
-// answers, and the key with it. A put etcd refused left nothing.
-func (c *candidacy) unput(s *session, key string, p putResult) {
-	var err error
-	switch {
-	case p.err == nil:
-		err = c.deleteWithin(s, key, p.rev())
-	case errors.Is(p.err, context.DeadlineExceeded) || errors.Is(p.err, context.Canceled):
-		err = p.err
-	case fatal(context.Background(), c.cli, p.err) == nil:
-		err = c.deleteWithin(s, key, 0)
+// reput sends again a put that err left unanswered, after r's next
+// delay.
+func (c *candidacy) reput(s *session, key, identity string, r *retry, err error) <-chan putResult {
+	c.log.Info("coord: candidate put not answered, sending it again", "lease", hexID(s.id), "err", err)
+	return c.put(s, key, identity, min(r.next(), s.ttl/10))
+}
+
+// unput takes back the key of a put that nobody waits for: a put whose
+// fate is unknown is sent again until etcd answers (see unanswered), and
+// the key it left is deleted, bounded by the TTL; if that delete fails,
+// the session ends, its lease revoked as soon as etcd answers, and the
+// key with it. A put etcd refused left nothing; one on a lease gone, or
+// of a session that ended, leaves nothing once the lease is gone (the
+// session learns it from its renewals).
+func (c *candidacy) unput(s *session, key, identity string, p putResult) {
+	var r retry
+	for c.unanswered(s, p.err) {
+		p = <-c.reput(s, key, identity, &r, p.err)
 	}
-	if err != nil {
-		c.log.Warn("coord: candidate put unsettled, ending session", "lease", hexID(s.id), "err", err)
-		s.end(errors.New("candidate put unsettled"))
+	if p.err != nil {
+		return
+	}
+	if err := c.deleteWithin(s, key, p.rev()); err != nil {
+		c.log.Warn("coord: candidate key not taken back, ending session", "lease", hexID(s.id), "err", err)
+		s.end(errors.New("candidate key not taken back"))
 	}
 }
 

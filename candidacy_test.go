@@ -1203,3 +1203,145 @@ func TestCandidacyShardSetFaults(t *testing.T) {
 		}
 	})
 }
+
+// putLate makes a client's next candidate put under a prefix go
+// unanswered until its own ctx ends (the TTL that bounds it): lost on
+// the way (it never reaches etcd), or applied with its answer late, as
+// while etcd elects a leader.
+type putLate struct {
+	prefix  string
+	applied bool          // applied, its answer late; else lost
+	held    chan struct{} // closed once the put is held
+	once    sync.Once
+}
+
+// client returns a client made from cfg whose candidate puts go through p.
+func (p *putLate) client(t *testing.T, cfg clientv3.Config) *clientv3.Client {
+	t.Helper()
+	cfg.DialOptions = append(slices.Clone(cfg.DialOptions), grpc.WithChainUnaryInterceptor(p.intercept))
+	cli, err := clientv3.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+func (p *putLate) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	txn, ok := req.(*pb.TxnRequest)
+	mine := ok && slices.ContainsFunc(txn.Success, func(op *pb.RequestOp) bool {
+		put := op.GetRequestPut()
+		return put != nil && strings.HasPrefix(string(put.Key), p.prefix)
+	})
+	first := false
+	if mine {
+		p.once.Do(func() { first = true })
+	}
+	if !first {
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	close(p.held)
+	if p.applied {
+		if err := invoker(ctx, method, req, reply, cc, opts...); err != nil {
+			return err
+		}
+	}
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// watched returns the first n events of wch, failing the test if the
+// watch ends or they do not come within patience.
+func watched(t *testing.T, wch clientv3.WatchChan, n int) []*clientv3.Event {
+	t.Helper()
+	var evs []*clientv3.Event
+	deadline := time.After(patience())
+	for len(evs) < n {
+		select {
+		case wr, ok := <-wch:
+			if !ok || wr.Err() != nil {
+				t.Fatalf("the watch ended (%v) after %d events, want %d", wr.Err(), len(evs), n)
+			}
+			evs = append(evs, wr.Events...)
+		case <-deadline:
+			t.Fatalf("%d events, want %d", len(evs), n)
+		}
+	}
+	return evs[:n]
+}
+
+func TestCandidacyPutUnanswered(t *testing.T) {
+	t.Parallel() // bound by waits: see "Parallel tests" in helpers_test.go
+	const sent = "coord: candidate put not answered, sending it again"
+	// setup returns a pool's client whose first candidate put under
+	// etPrefix goes unanswered as late says, with a leader of another key
+	// on the pool's shared session, its token, and the pool's log.
+	setup := func(t *testing.T, late *putLate) (keep, e *Election, token int64, tap *logTap, cli *clientv3.Client) {
+		t.Helper()
+		srv, cli := newEtcd(t)
+		tap, log := newLogTap()
+		tap.dumpOnFailure(t)
+		p := ptPool(t, late.client(t, srv.ClientConfig()), PoolOptions{TTL: time.Second * scale, Logger: log})
+		keep = ptElection(t, p, etKey+"-keep")
+		etCampaign(t, keep, "keep")
+		return keep, ptElection(t, p, etKey), keep.Token(), tap, cli
+	}
+	// kept checks that keep's term lives on, on e's session.
+	kept := func(t *testing.T, keep, e *Election, token int64, tap *logTap) {
+		t.Helper()
+		if !keep.IsLeader() || keep.Token() != token || etSession(keep).ctx.Err() != nil || isClosed(keep.Done()) {
+			t.Fatalf("the term on the shared session: leader %v, token %d (was %d), session ended: %v", keep.IsLeader(), keep.Token(), token, etSession(keep).Err())
+		}
+		if etSession(e) != etSession(keep) {
+			t.Fatal("the elections are not on one shared session")
+		}
+		if n := tap.count("coord: candidate key not taken back, ending session"); n != 0 {
+			t.Fatalf("%d sessions ended", n)
+		}
+	}
+	for _, applied := range []bool{false, true} {
+		name := map[bool]string{false: "lost on its way", true: "applied, its answer later than the TTL"}[applied]
+		t.Run("a candidate put "+name+" is sent again: the Campaign leads on the key that landed first, and the term sharing its session keeps its token", func(t *testing.T) {
+			late := &putLate{prefix: etPrefix, applied: applied, held: make(chan struct{})}
+			keep, e, token, tap, cli := setup(t, late)
+			wch := cli.Watch(testCtx(t), etPrefix, clientv3.WithPrefix(), clientv3.WithRev(keep.Token()+1))
+			etCampaign(t, e, "e")
+			kept(t, keep, e, token, tap)
+			tap.wait(t, sent, 1)
+			cands := candidates(t, cli, etPrefix)
+			if len(cands) != 1 || cands[0].CreateRevision != e.Token() || clientv3.LeaseID(cands[0].Lease) != etSession(e).id {
+				t.Fatalf("candidates %v, token %d: want our one key, created at the token", cands, e.Token())
+			}
+			// The first put's landing is the key's creation.
+			created := watched(t, wch, 1)[0].Kv.CreateRevision
+			if created != e.Token() {
+				t.Fatalf("token %d, want the revision %d that created the key", e.Token(), created)
+			}
+			kept(t, keep, e, token, tap)
+		})
+	}
+	t.Run("a Campaign given up while its put is unanswered: the put is sent again in the background and its key deleted; the shared session lives on", func(t *testing.T) {
+		late := &putLate{prefix: etPrefix, held: make(chan struct{})}
+		keep, e, token, tap, cli := setup(t, late)
+		wch := cli.Watch(testCtx(t), etPrefix, clientv3.WithPrefix(), clientv3.WithRev(keep.Token()+1))
+		ctx, cancel := context.WithCancel(testCtx(t))
+		res := etCampaignAsync(ctx, e, "e")
+		<-late.held
+		cancel()
+		if r := etWait(t, res); !errors.Is(r.err, context.Canceled) {
+			t.Fatalf("Campaign: %v, want context.Canceled", r.err)
+		}
+		var seen []string
+		for _, ev := range watched(t, wch, 2) {
+			seen = append(seen, ev.Type.String())
+		}
+		if !slices.Equal(seen, []string{"PUT", "DELETE"}) {
+			t.Fatalf("saw %v of our key, want its put and its delete", seen)
+		}
+		tap.wait(t, sent, 1)
+		kept(t, keep, e, token, tap)
+		// A new Campaign leads at once on the settled session.
+		etCampaign(t, e, "e")
+		kept(t, keep, e, token, tap)
+	})
+}

@@ -671,9 +671,9 @@ func TestCompatLeaderKill(t *testing.T) {
 		h.start(t, l, ShardOptions{Shards: shards, TTL: ttl, Run: l.writer(h.cli, h.id), Logger: log.With("host", h.id)})
 	}
 	shSettle(t, l, shards, hosts, hosts)
-	// The standbys in line too: a candidate put that etcd has not answered
-	// when its leader dies ends its session (its outcome is unknown), and
-	// with it the terms on that session. The kill is of a fleet at rest.
+	// The standbys in line too: the kill is of a fleet at rest (a candidate
+	// put that etcd has not answered when its leader dies is sent again:
+	// TestCandidacyPutUnanswered).
 	shSettleCandidates(t, c.cli, shards, hosts, DefaultShardReplicas)
 	type term struct {
 		host  string

@@ -244,9 +244,8 @@ func (c *candidacy) put(s *session, key, identity string, after time.Duration) <
 	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
-		if after > 0 && !sleep(s.ctx, after) {
-			res <- putResult{err: context.Cause(s.ctx)}
-			return
+		if after > 0 {
+			sleep(s.ctx, after) // if the session ends, so does the put
 		}
 		ctx, cancel := context.WithTimeout(s.ctx, s.ttl)
 		defer cancel()
@@ -265,11 +264,15 @@ func (c *candidacy) put(s *session, key, identity string, after time.Duration) <
 // landed or not, and is sent again. The put is one transaction on one
 // key of our lease, conditional on the key's absence, so its copies
 // land once: the first that etcd applies puts the key, the others find
-// it and keep its create revision. A copy given up lands, if ever, as
-// etcd takes it in, before a request sent after it through the same
-// member and leader is applied: so before the answer that settles it,
-// not after a delete that follows. A put etcd refused, or on an expired
-// lease, is answered.
+// it and keep its create revision. A copy given up lands, if ever, when
+// etcd takes it in: in practice before a request sent after it is
+// answered. One that etcd took in later still (held in a link that
+// healed, after the key's delete) would put a key that nobody serves:
+// the next candidacy of this key on the session takes it over (see
+// candidate), else it goes with the session. Ending the session at once,
+// as a revoke settles every copy, would end every term on it at each
+// etcd leader change. A put etcd refused, or on an expired lease, is
+// answered.
 func (c *candidacy) unanswered(s *session, err error) bool {
 	return err != nil && s.ctx.Err() == nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) &&
 		fatal(context.Background(), c.cli, err) == nil
@@ -328,7 +331,7 @@ func (c *candidacy) deleteRetrying(ctx context.Context, s *session, key string, 
 	var r retry
 	for {
 		tctx, cancel := context.WithTimeout(ctx, s.ttl/3)
-		err := c.deleteCandidate(tctx, s, key, rev)
+		err := c.deleteCandidate(tctx, key, rev)
 		cancel()
 		if err == nil || fatal(ctx, c.cli, err) != nil || !sleep(ctx, min(r.next(), s.ttl/10)) {
 			return err
@@ -338,13 +341,10 @@ func (c *candidacy) deleteRetrying(ctx context.Context, s *session, key string, 
 }
 
 // deleteCandidate deletes our candidate key if it is the one created at
-// rev, or, for rev 0, if it is on our lease.
-func (c *candidacy) deleteCandidate(ctx context.Context, s *session, key string, rev int64) error {
-	cmp := clientv3.Compare(clientv3.CreateRevision(key), "=", rev)
-	if rev == 0 {
-		cmp = clientv3.Compare(clientv3.LeaseValue(key), "=", s.id)
-	}
-	_, err := c.cli.Txn(ctx).If(cmp).Then(clientv3.OpDelete(key)).Commit()
+// rev.
+func (c *candidacy) deleteCandidate(ctx context.Context, key string, rev int64) error {
+	_, err := c.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", rev)).
+		Then(clientv3.OpDelete(key)).Commit()
 	return err
 }
 

@@ -1769,18 +1769,26 @@ func TestElectionContract(t *testing.T) {
 		}
 		etOpen(t, b.Done(), "Done of b's leadership")
 	})
-	t.Run("A candidate put whose answer is lost is withdrawn, and the session lives on", func(t *testing.T) {
+	t.Run("A candidate put whose answer is lost is sent again: TryCampaign leads on the key the first put left, and the session lives on", func(t *testing.T) {
 		srv, cli := newEtcd(t)
 		hcli, hooks := etHookedClient(t, srv.ClientConfig())
 		e := etElection(t, hcli, ElectionOptions{})
 		s := etSession(e)
 		hooks.loseAnswer("/etcdserverpb.KV/Txn")
-		if ok, err := e.TryCampaign(testCtx(t), "a"); ok || err == nil {
-			t.Fatalf("TryCampaign with its answer lost = %v, %v; want an error", ok, err)
+		var created int64
+		hooks.onAnswer("/etcdserverpb.KV/Txn", func() {
+			if resp, err := cli.Get(testCtx(t), etPrefix); err == nil {
+				created = resp.Header.Revision
+			}
+		})
+		if ok, err := e.TryCampaign(testCtx(t), "a"); !ok || err != nil {
+			t.Fatalf("TryCampaign with its answer lost = %v, %v; want true, nil", ok, err)
 		}
-		etWantCands(t, cli, 0)
+		if cands := candidates(t, cli, etPrefix); len(cands) != 1 || cands[0].CreateRevision != created || e.Token() != created {
+			t.Fatalf("candidates %v, token %d; want one key, created by the first put at %d", cands, e.Token(), created)
+		}
 		if s.ctx.Err() != nil || etSession(e) != s {
-			t.Fatalf("the session ended (%v): the key was not withdrawn by itself", s.Err())
+			t.Fatalf("the session ended (%v)", s.Err())
 		}
 	})
 	t.Run("a second Campaign of one Election waits for the first, within its own ctx", func(t *testing.T) {

@@ -25,6 +25,10 @@
 //     for compatibility tests. NewEtcd returns a Process of the binary that
 //     the environment variable COORD_TEST_ETCD names, else a Server: the
 //     Etcd interface they share lets one test run on both.
+//   - GRPCProxy: etcd's gRPC proxy (`etcd grpc-proxy start`) in front of
+//     an Etcd, which coalesces its clients' watches: the binary's own in
+//     front of a Process, else run in the test process. It can be stopped
+//     and restarted on its address.
 //
 // Servers and members are tuned for tests (see Config): a 10 ms heartbeat
 // (TickMs) and a 100 ms election timeout (ElectionMs), so that etcd grants a
@@ -33,8 +37,8 @@
 // no fsync, no auto-compaction, no metrics listener, no gRPC gateway and no
 // logging.
 //
-// Lifetime contract: everything a Server, Standalone, Cluster or Proxy
-// creates (the etcd servers, the clients handed out, the proxies and their
+// Lifetime contract: everything a Server, Standalone, Cluster, Proxy or
+// GRPCProxy creates (the etcd servers, the clients handed out, the proxies and their
 // connections) is released by t.Cleanup functions, or by Server.Close or
 // Standalone.Close, and once those have run no goroutine started by them
 // remains, so the package can be used together with goleak.VerifyTestMain.
@@ -43,11 +47,12 @@
 // NewServer instead, or use VerifyTestMain.)
 //
 // Failure contract: the package reports failures to the testing.TB given to
-// NewServer, NewCluster, NewProxy or NewClient. Methods documented to fail
-// the test call its Fatal method; like testing.T.FailNow, they must then be
-// called from the goroutine running that test. Outside a test, Start and the
-// methods of a Standalone return those failures as errors instead. All
-// methods are safe for concurrent use.
+// NewServer, NewCluster, NewProxy, NewGRPCProxy or NewClient. Methods
+// documented to fail the test call its Fatal method; like
+// testing.T.FailNow, they must then be called from the goroutine running
+// that test. Outside a test, Start and the methods of a Standalone return
+// those failures as errors instead. All methods are safe for concurrent
+// use.
 package coordtest
 
 import (

@@ -379,12 +379,19 @@ func (p *Process) isOurs(ctx context.Context, cli *clientv3.Client) error {
 // startFailure is the error of a start that failed: what happened and the
 // end of the log; it wraps errPortTaken when the log says a port was in use.
 func (p *Process) startFailure(what string) error {
-	data, _ := os.ReadFile(p.logPath)
+	return logFailure(p.logPath, fmt.Sprintf("etcd %s (%s) on %s %s", p.ver, p.bin, p.Endpoint(), what))
+}
+
+// logFailure is the error of a child process that failed to start, as
+// failed says, quoting the end of its log at logPath; it wraps
+// errPortTaken when the log says a port was in use.
+func logFailure(logPath, failed string) error {
+	data, _ := os.ReadFile(logPath)
 	tail := string(data)
 	if len(tail) > processLogTail {
 		tail = "..." + tail[len(tail)-processLogTail:]
 	}
-	err := fmt.Errorf("etcd %s (%s) on %s %s; its log ends:\n%s", p.ver, p.bin, p.Endpoint(), what, tail)
+	err := fmt.Errorf("%s; its log ends:\n%s", failed, tail)
 	if strings.Contains(tail, "address already in use") {
 		return fmt.Errorf("%w: %w", errPortTaken, err)
 	}

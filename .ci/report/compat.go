@@ -43,7 +43,8 @@ func (run *compatRun) figure(p, k, v string) {
 
 // promiseName is the row a test of the suite fills: TestCompat/liveness is
 // "liveness", TestCompatLeaderChange/checkpoint=false is
-// "leader-change/checkpoint=false"; "" for another test.
+// "leader-change/checkpoint=false", TestCompatGRPCProxy/lease (an acronym
+// is one word) "grpc-proxy/lease"; "" for another test.
 func promiseName(test string) string {
 	rest, ok := strings.CutPrefix(test, "TestCompat")
 	if !ok {
@@ -52,21 +53,22 @@ func promiseName(test string) string {
 	if r, ok := strings.CutPrefix(rest, "/"); ok {
 		return r
 	}
-	var b strings.Builder
-	for i, c := range rest {
-		if c == '/' {
-			b.WriteString(rest[i:])
-			break
-		}
-		if unicode.IsUpper(c) {
-			if b.Len() > 0 {
-				b.WriteByte('-')
-			}
-			c = unicode.ToLower(c)
-		}
-		b.WriteRune(c)
+	name, sub, _ := strings.Cut(rest, "/")
+	if sub != "" {
+		sub = "/" + sub
 	}
-	return b.String()
+	rs := []rune(name)
+	var b strings.Builder
+	for i, c := range rs {
+		// A word begins at an upper-case letter after a lower-case one,
+		// or at the last upper-case letter of an acronym ("GRPCProxy").
+		if i > 0 && unicode.IsUpper(c) &&
+			(unicode.IsLower(rs[i-1]) || i+1 < len(rs) && unicode.IsLower(rs[i+1])) {
+			b.WriteByte('-')
+		}
+		b.WriteRune(unicode.ToLower(c))
+	}
+	return b.String() + sub
 }
 
 // readCompat reads the `go test -json` log of a run of the suite. A test

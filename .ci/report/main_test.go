@@ -114,6 +114,22 @@ func TestCoverage(t *testing.T) {
 
 // The compatibility table: a row per promise, a row per figure under it;
 // a failed promise, or one missing from a run, fails.
+func TestPromiseName(t *testing.T) {
+	for test, want := range map[string]string{
+		"TestCompat/liveness":                     "liveness",
+		"TestCompatLeaderChange":                  "leader-change",
+		"TestCompatLeaderChange/checkpoint=false": "leader-change/checkpoint=false",
+		"TestCompatGRPCProxy/lease":               "grpc-proxy/lease",
+		"TestCompatLeaderKill/CamelCase_sub":      "leader-kill/CamelCase_sub",
+		"TestCompatX":                             "x",
+		"TestOther":                               "",
+	} {
+		if got := promiseName(test); got != want {
+			t.Errorf("promiseName(%q) = %q, want %q", test, got, want)
+		}
+	}
+}
+
 func TestCompat(t *testing.T) {
 	a := write(t, "a.json", `{"Action":"run","Package":"p","Test":"TestCompat"}
 {"Action":"run","Package":"p","Test":"TestCompat/liveness"}

@@ -66,8 +66,8 @@ type GRPCProxy struct {
 // proxyRun is one run of a GRPCProxy, from its start to its stop: a child
 // process, or a server in the test process.
 type proxyRun interface {
-	// exited is closed once the run has ended by itself (a child process
-	// that died); nil if it cannot.
+	// exited is closed once the run has ended: stopped, or a child
+	// process that died.
 	exited() <-chan struct{}
 	// stop ends the run, as a crash would, and returns once it is gone.
 	stop()
@@ -176,42 +176,45 @@ func (g *GRPCProxy) Close() {
 	})
 }
 
-// startAndWait starts the proxy (stopping a running one first) and waits
-// until it serves, or fails; on failure it stops it.
+// startAndWait starts the proxy (stopping a running one first) and waits,
+// without holding lifeMu, until it serves, or fails; on failure it stops
+// it.
 func (g *GRPCProxy) startAndWait() error {
-	g.lifeMu.Lock()
-	defer g.lifeMu.Unlock()
-	if g.done {
-		return errors.New("starting the gRPC proxy: it was closed")
-	}
-	g.stopLocked()
 	run, err := g.start()
 	if err != nil {
 		return err
 	}
 	if err := g.waitReady(run, time.Now().Add(readyTimeout)); err != nil {
-		run.stop()
+		g.lifeMu.Lock()
+		defer g.lifeMu.Unlock()
+		if g.run == run { // not stopped or replaced meanwhile
+			g.stopLocked()
+		}
 		return err
 	}
-	g.run = run
 	return nil
 }
 
-// start starts a run of the proxy, without waiting for it to serve.
+// start stops the running proxy, if any, and starts a new run, without
+// waiting for it to serve.
 func (g *GRPCProxy) start() (proxyRun, error) {
-	var (
-		run proxyRun
-		err error
-	)
+	g.lifeMu.Lock()
+	defer g.lifeMu.Unlock()
+	if g.done {
+		return nil, errors.New("starting the gRPC proxy: it was closed")
+	}
+	g.stopLocked()
+	var err error
 	if g.bin != "" {
-		run, err = g.startChild()
+		g.run, err = g.startChild()
 	} else {
-		run, err = g.startInProcess()
+		g.run, err = g.startInProcess()
 	}
 	if err != nil {
+		g.run = nil // not a nil *proxyChild or *proxyServer
 		return nil, err
 	}
-	return run, nil
+	return g.run, nil
 }
 
 // stopLocked stops the running proxy, if any. lifeMu must be held.
@@ -239,7 +242,7 @@ func (g *GRPCProxy) waitReady(run proxyRun, deadline time.Time) error {
 		}
 		select {
 		case <-run.exited():
-			return g.failure("exited before serving")
+			return g.failure("ended before serving")
 		case <-time.After(readyPoll):
 		}
 		if time.Now().After(deadline) {
@@ -334,7 +337,7 @@ type proxyServer struct {
 // to end once its server and client are closed; see proxyServer.stop.
 const proxyStopTimeout = 10 * time.Second
 
-func (s *proxyServer) exited() <-chan struct{} { return nil }
+func (s *proxyServer) exited() <-chan struct{} { return s.served }
 
 // stop closes the server's listener and connections, its in-flight RPCs
 // cancelled (as a crash leaves them), then the proxy's client of etcd, and

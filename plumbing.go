@@ -78,3 +78,26 @@ func responses(ctx context.Context, wch clientv3.WatchChan) iter.Seq[clientv3.Wa
 		}
 	}
 }
+
+// listPrefix reads every key under prefix in pages of at most limit keys,
+// the later pages at the first one's revision: etcd serves a big prefix
+// without one response of every key (a read it holds its store for), and
+// many members listing at once are served in turns. It returns the first
+// page's response with the keys of every page. A revision compacted
+// between pages fails the read with etcd's ErrCompacted.
+func listPrefix(ctx context.Context, cli *clientv3.Client, prefix string, limit int64) (*clientv3.GetResponse, error) {
+	end := clientv3.GetPrefixRangeEnd(prefix)
+	first, err := cli.Get(ctx, prefix, clientv3.WithRange(end), clientv3.WithLimit(limit))
+	if err != nil {
+		return nil, err
+	}
+	for resp := first; resp.More; {
+		key := string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+		if resp, err = cli.Get(ctx, key, clientv3.WithRange(end), clientv3.WithLimit(limit), clientv3.WithRev(first.Header.Revision)); err != nil {
+			return nil, err
+		}
+		first.Kvs = append(first.Kvs, resp.Kvs...)
+	}
+	first.More, first.Count = false, int64(len(first.Kvs))
+	return first, nil
+}

@@ -574,6 +574,10 @@ func (s *ShardSet) update(f func()) {
 	s.refreshLocked()
 }
 
+// shardListPage is how many keys of the set (members and candidates, each
+// some 100 bytes in etcd's response) a page of its listing holds.
+const shardListPage = 5000
+
 // hostBatch bounds the host events applied before the shards are
 // reconciled: a burst (a snapshot, a fleet starting) is one reconcile.
 const hostBatch = 1024
@@ -632,7 +636,7 @@ func (s *ShardSet) followCandidates() {
 	var r retry
 	for {
 		since := s.view.mark.at()
-		resp, err := s.cli.Get(s.ctx, s.opts.Prefix, clientv3.WithPrefix())
+		resp, err := listPrefix(s.ctx, s.cli, s.opts.Prefix, shardListPage)
 		if err == nil {
 			s.update(func() {
 				for shard := range s.view.cands {

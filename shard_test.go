@@ -2174,3 +2174,141 @@ func TestShardSetCloseUnreachable(t *testing.T) {
 		}
 	})
 }
+
+// rangeCounter counts a client's range reads under a prefix with a limit,
+// and runs before, if set, ahead of each read at a given revision (a
+// later page).
+type rangeCounter struct {
+	prefix string
+	mu     sync.Mutex
+	firsts int    // reads at the latest revision
+	laters int    // reads at a given revision
+	before func() // see beforeNext
+}
+
+func (c *rangeCounter) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if r, ok := req.(*pb.RangeRequest); ok && r.Limit > 0 && strings.HasPrefix(string(r.Key), c.prefix) {
+		c.mu.Lock()
+		before := c.before
+		if r.Revision == 0 {
+			c.firsts++
+		} else {
+			c.laters++
+			c.before = nil
+		}
+		c.mu.Unlock()
+		if r.Revision != 0 && before != nil {
+			before()
+		}
+	}
+	return invoker(ctx, method, req, reply, cc, opts...)
+}
+
+// beforeNext makes f run before the next read at a given revision.
+func (c *rangeCounter) beforeNext(f func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.before = f
+}
+
+// counts returns the reads counted so far.
+func (c *rangeCounter) counts() (firsts, laters int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.firsts, c.laters
+}
+
+// client returns a client made from cfg whose range reads c counts.
+func (c *rangeCounter) client(t *testing.T, cfg clientv3.Config) *clientv3.Client {
+	t.Helper()
+	cfg.DialOptions = append(slices.Clone(cfg.DialOptions), grpc.WithChainUnaryInterceptor(c.intercept))
+	cli, err := clientv3.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+// putForeign puts n keys under prefix+"a-foreign/", in transactions of
+// etcd's default limit of operations: keys of another program, or of a
+// later version, that sort before the set's shards.
+func putForeign(t *testing.T, cli *clientv3.Client, prefix string, n int) {
+	t.Helper()
+	for i := 0; i < n; i += 128 {
+		var ops []clientv3.Op
+		for j := i; j < min(i+128, n); j++ {
+			ops = append(ops, clientv3.OpPut(fmt.Sprintf("%sa-foreign/%05d", prefix, j), "x"))
+		}
+		if _, err := cli.Txn(testCtx(t)).Then(ops...).Commit(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func TestListPrefix(t *testing.T) {
+	t.Parallel()
+	srv, cli := newEtcd(t)
+	const prefix = "/list/"
+	putForeign(t, cli, prefix, 2500)
+	if _, err := cli.Put(testCtx(t), "/list0", "a key after the prefix's range"); err != nil {
+		t.Fatal(err)
+	}
+	whole, err := cli.Get(testCtx(t), prefix, clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := &rangeCounter{prefix: prefix}
+	pcli := rc.client(t, srv.ClientConfig())
+	t.Run("every page, at the first one's revision", func(t *testing.T) {
+		got, err := listPrefix(testCtx(t), pcli, prefix, 1000)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Header.Revision != whole.Header.Revision || got.More || got.Count != 2500 || len(got.Kvs) != 2500 {
+			t.Fatalf("revision %d (want %d), more %v, count %d, %d keys; want 2500", got.Header.Revision, whole.Header.Revision, got.More, got.Count, len(got.Kvs))
+		}
+		for i, kv := range got.Kvs {
+			if !proto.Equal(kv, whole.Kvs[i]) {
+				t.Fatalf("key %d: %v, want %v", i, kv, whole.Kvs[i])
+			}
+		}
+		if firsts, laters := rc.counts(); firsts != 1 || laters != 2 {
+			t.Fatalf("%d first and %d later pages read, want 1 and 2", firsts, laters)
+		}
+	})
+	t.Run("a revision compacted between pages fails the listing", func(t *testing.T) {
+		rc.beforeNext(func() {
+			if _, err := cli.Put(testCtx(t), prefix+"c", "a change between pages"); err != nil {
+				t.Error(err)
+			}
+			srv.Compact(testCtx(t))
+		})
+		if _, err := listPrefix(testCtx(t), pcli, prefix, 1000); !errors.Is(err, rpctypes.ErrCompacted) {
+			t.Fatalf("listPrefix: %v, want ErrCompacted", err)
+		}
+	})
+}
+
+func TestShardSetPagedListing(t *testing.T) {
+	t.Parallel() // bound by waits: see "Parallel tests" in helpers_test.go
+	// More keys under the set's prefix than a page holds, before its
+	// shards': the members list in pages, once after a compaction between
+	// two of them, and own every shard.
+	srv, l, shards, hosts := shFleet(t, 4, 2)
+	putForeign(t, srv.Client(), ShardsPrefix, shardListPage+100)
+	shStartAll(t, l, hosts[1:], ShardOptions{Shards: shards})
+	rc := &rangeCounter{prefix: ShardsPrefix}
+	rc.beforeNext(func() {
+		if _, err := srv.Client().Put(testCtx(t), ShardsPrefix+"a-foreign/new", "x"); err != nil {
+			t.Error(err)
+		}
+		srv.Compact(testCtx(t))
+	})
+	hosts[0].cli = rc.client(t, hosts[0].px.ClientConfig())
+	hosts[0].start(t, l, ShardOptions{Shards: shards})
+	shSettle(t, l, shards, hosts, hosts)
+	if _, laters := rc.counts(); laters < 2 {
+		t.Fatalf("%d later pages read, want one compacted away and one of a listing again", laters)
+	}
+}

@@ -482,13 +482,7 @@ type deleteFaults struct {
 // client returns a client of srv whose deletes go through f.
 func (f *deleteFaults) client(t *testing.T, cfg clientv3.Config) *clientv3.Client {
 	t.Helper()
-	cfg.DialOptions = append(cfg.DialOptions, grpc.WithChainUnaryInterceptor(f.intercept))
-	cli, err := clientv3.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
-	return cli
+	return interceptedClient(t, cfg, f.intercept)
 }
 
 func (f *deleteFaults) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
@@ -765,13 +759,7 @@ func (f *delayTxn) intercept(ctx context.Context, method string, req, reply any,
 func cdHeldPut(t *testing.T, srv *coordtest.Server, prefix string) (h *holdAnswer, s *signals, one, two *Election, w *lagWaiter) {
 	t.Helper()
 	h = &holdAnswer{prefix: prefix + "/one/", held: make(chan struct{}), released: make(chan struct{})}
-	cfg := srv.ClientConfig()
-	cfg.DialOptions = append(cfg.DialOptions, grpc.WithChainUnaryInterceptor(h.intercept))
-	pCli, err := clientv3.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pCli.Close() })
+	pCli := interceptedClient(t, srv.ClientConfig(), h.intercept)
 	s = &signals{}
 	pool, err := NewElectionPool(pCli, PoolOptions{TTL: time.Second * scale, OnSignal: s.hook})
 	if err != nil {
@@ -1218,13 +1206,7 @@ type putLate struct {
 // client returns a client made from cfg whose candidate puts go through p.
 func (p *putLate) client(t *testing.T, cfg clientv3.Config) *clientv3.Client {
 	t.Helper()
-	cfg.DialOptions = append(slices.Clone(cfg.DialOptions), grpc.WithChainUnaryInterceptor(p.intercept))
-	cli, err := clientv3.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
-	return cli
+	return interceptedClient(t, cfg, p.intercept)
 }
 
 func (p *putLate) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {

@@ -12,6 +12,7 @@ import (
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 
 	"github.com/go-coord/coord/coordtest"
 	"github.com/go-coord/coord/internal/testenv"
@@ -49,6 +50,19 @@ func newEtcd(t *testing.T) (*coordtest.Server, *clientv3.Client) {
 	t.Helper()
 	srv := coordtest.NewServer(t)
 	return srv, srv.Client()
+}
+
+// interceptedClient returns a client made from cfg whose unary calls go
+// through icpt, closed at the end of the test.
+func interceptedClient(t *testing.T, cfg clientv3.Config, icpt grpc.UnaryClientInterceptor) *clientv3.Client {
+	t.Helper()
+	cfg.DialOptions = append(slices.Clone(cfg.DialOptions), grpc.WithChainUnaryInterceptor(icpt))
+	cli, err := clientv3.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
 }
 
 // meta returns metadata for host id.

@@ -2221,13 +2221,7 @@ func (c *rangeCounter) counts() (firsts, laters int) {
 // client returns a client made from cfg whose range reads c counts.
 func (c *rangeCounter) client(t *testing.T, cfg clientv3.Config) *clientv3.Client {
 	t.Helper()
-	cfg.DialOptions = append(slices.Clone(cfg.DialOptions), grpc.WithChainUnaryInterceptor(c.intercept))
-	cli, err := clientv3.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
-	return cli
+	return interceptedClient(t, cfg, c.intercept)
 }
 
 // putForeign puts n keys under prefix+"a-foreign/", in transactions of

@@ -491,7 +491,9 @@ func (c *candidacy) takeLead(ctx context.Context, s *session, key string, rev, h
 		return nil, err
 	}
 	lctx, end := context.WithCancelCause(s.ctx)
-	stopDown := context.AfterFunc(up, func() { end(errUnanswered) })
+	// up ends with errUnanswered, or with the session's cause once it has
+	// ended (its keeper stops then, maybe before l.ctx hears of it).
+	stopDown := context.AfterFunc(up, func() { end(context.Cause(up)) })
 	l := &leadership{key: key, rev: rev, at: hdr, identity: identity, lost: c.words.lost, sess: s, up: up, ctx: lctx, cancel: end}
 	c.stepped.track(l)
 	if c.held != nil {
@@ -508,11 +510,11 @@ func (c *candidacy) takeLead(ctx context.Context, s *session, key string, rev, h
 	return l, nil
 }
 
-// withdraw deletes our candidate key (rev 0: whatever its revision, if it
-// is on our lease), within ctx. What etcd cannot be told within ctx is
-// retried in the background, bounded by the TTL; if that fails too, the
-// session ends, and its lease, with the key, is revoked as soon as etcd
-// answers. A session that ended already takes the key with its lease.
+// withdraw deletes our candidate key, created at rev, within ctx. What
+// etcd cannot be told within ctx is retried in the background, bounded by
+// the TTL; if that fails too, the session ends, and its lease, with the
+// key, is revoked as soon as etcd answers. A session that ended already
+// takes the key with its lease.
 func (c *candidacy) withdraw(ctx context.Context, s *session, key string, rev int64) {
 	if s.ctx.Err() != nil || c.deleteRetrying(ctx, s, key, rev) == nil {
 		return

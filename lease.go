@@ -46,8 +46,8 @@ type keeper struct {
 	live     bool      // answered is recent enough to vouch for the lease
 	grace    time.Time // while !live: when a late grant's first renewal is due an answer
 	// up ends (cause errUnanswered) when renewals have gone unanswered
-	// for 2/3 of the TTL, or when the keeper stops; a new one starts when
-	// etcd answers a renewal sent after that.
+	// for 2/3 of the TTL, or when the keeper stops (the cause given to
+	// stop); a new one starts when etcd answers a renewal sent after that.
 	up      context.Context
 	endUp   context.CancelCauseFunc
 	isStale bool          // up ended for want of answers
@@ -78,15 +78,16 @@ func startKeeper(cli *clientv3.Client, id clientv3.LeaseID, ttl time.Duration, s
 	return k
 }
 
-// stop ends the renewals (the lease is left to its owner) and waits.
-func (k *keeper) stop() {
+// stop ends the renewals (the lease is left to its owner) and waits; the
+// up context ends with cause (nil: context.Canceled).
+func (k *keeper) stop(cause error) {
 	k.cancel()
 	<-k.done
 	k.r.release()
 	k.mu.Lock()
 	k.stopped = true
 	k.timer.Stop()
-	k.endUp(nil)
+	k.endUp(cause)
 	k.mu.Unlock()
 	k.endLost(nil)
 }
@@ -197,7 +198,8 @@ func (k *keeper) vouch() context.Context {
 }
 
 // upCtx returns the context that ends when the lease can no longer be
-// vouched for (cause errUnanswered), or when the keeper stops.
+// vouched for (cause errUnanswered), or when the keeper stops (the cause
+// given to stop).
 func (k *keeper) upCtx() context.Context {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -330,7 +332,9 @@ func (s *session) run(wg *sync.WaitGroup) {
 	if err := s.hold(); err != nil {
 		s.end(err)
 	}
-	s.k.stop()
+	// The session has ended: its terms end with its cause, whether they
+	// learn it from it or from its keeper's up context (see takeLead).
+	s.k.stop(context.Cause(s.ctx))
 	var r retry
 	for {
 		// Each try is bounded by a third of the TTL: one sent while etcd

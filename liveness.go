@@ -324,7 +324,7 @@ func (h *HostLiveness) run(ctx context.Context, reg registration) {
 // lease that expires or is revoked deletes the key with it.
 func (h *HostLiveness) hold(ctx context.Context, reg registration) error {
 	k := startKeeper(h.cli, reg.lease, reg.ttl, reg.sent, h.log)
-	defer k.stop()
+	defer k.stop(nil)
 	h.holding(k, nil)
 	// Cancelled on return: ends every watch opened below. When etcd says
 	// the lease is gone, the watch ends too and the key is read again: the

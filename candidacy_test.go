@@ -1197,10 +1197,31 @@ func TestCandidacyShardSetFaults(t *testing.T) {
 // the way (it never reaches etcd), or applied with its answer late, as
 // while etcd elects a leader.
 type putLate struct {
-	prefix  string
 	applied bool          // applied, its answer late; else lost
 	held    chan struct{} // closed once the put is held
-	once    sync.Once
+	mu      sync.Mutex
+	prefix  string // of the next put held; "" once it is (see arm)
+}
+
+// arm makes the next candidate put under prefix the one held.
+func (p *putLate) arm(prefix string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.prefix = prefix
+}
+
+// take reports whether txn is the put to hold, and disarms p if so.
+func (p *putLate) take(txn *pb.TxnRequest) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	mine := p.prefix != "" && slices.ContainsFunc(txn.Success, func(op *pb.RequestOp) bool {
+		put := op.GetRequestPut()
+		return put != nil && strings.HasPrefix(string(put.Key), p.prefix)
+	})
+	if mine {
+		p.prefix = ""
+	}
+	return mine
 }
 
 // client returns a client made from cfg whose candidate puts go through p.
@@ -1210,16 +1231,7 @@ func (p *putLate) client(t *testing.T, cfg clientv3.Config) *clientv3.Client {
 }
 
 func (p *putLate) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-	txn, ok := req.(*pb.TxnRequest)
-	mine := ok && slices.ContainsFunc(txn.Success, func(op *pb.RequestOp) bool {
-		put := op.GetRequestPut()
-		return put != nil && strings.HasPrefix(string(put.Key), p.prefix)
-	})
-	first := false
-	if mine {
-		p.once.Do(func() { first = true })
-	}
-	if !first {
+	if txn, ok := req.(*pb.TxnRequest); !ok || !p.take(txn) {
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
 	close(p.held)
@@ -1325,5 +1337,43 @@ func TestCandidacyPutUnanswered(t *testing.T) {
 		// A new Campaign leads at once on the settled session.
 		etCampaign(t, e, "e")
 		kept(t, keep, e, token, tap)
+	})
+	t.Run("a shard's candidate put applied, its answer later than the TTL: the shard is owned again on its key, and the member's other shards keep their tokens", func(t *testing.T) {
+		srv, l, shards, hosts := shFleet(t, 4, 1)
+		h := hosts[0]
+		late := &putLate{applied: true, held: make(chan struct{})}
+		h.cli = late.client(t, h.px.ClientConfig())
+		h.start(t, l, ShardOptions{Shards: shards})
+		shSettle(t, l, shards, hosts, hosts)
+		tokens := func() map[string]int64 {
+			m := map[string]int64{}
+			for _, sh := range h.set.Owned() {
+				m[sh.Name] = sh.Token
+			}
+			return m
+		}
+		before := tokens()
+		// The shard's key deleted by hand: the member campaigns again, and
+		// that put is held.
+		late.arm(ShardsPrefix + shards[0] + "/")
+		mark := l.mark()
+		if _, err := srv.Client().Delete(testCtx(t), ShardsPrefix+shards[0]+"/", clientv3.WithPrefix()); err != nil {
+			t.Fatal(err)
+		}
+		receive(t, late.held, "the held put")
+		ev := l.waitEvent(t, mark, SignalShardAcquired, h.id, shards[0])
+		cands := candidates(t, srv.Client(), ShardsPrefix+shards[0]+"/")
+		if len(cands) != 1 || cands[0].CreateRevision != ev.Token {
+			t.Fatalf("candidates of %s %v, token %d: want our one key, created at the token", shards[0], cands, ev.Token)
+		}
+		after := tokens()
+		for _, sh := range shards[1:] {
+			if after[sh] != before[sh] {
+				t.Fatalf("%s: token %d, was %d: its term ended with the held put", sh, after[sh], before[sh])
+			}
+		}
+		if got := len(l.since(mark, SignalShardReleased)); got != 1 {
+			t.Fatalf("%d shards released, want the one whose key was deleted", got)
+		}
 	})
 }

@@ -1214,10 +1214,7 @@ func (p *putLate) arm(prefix string) {
 func (p *putLate) take(txn *pb.TxnRequest) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	mine := p.prefix != "" && slices.ContainsFunc(txn.Success, func(op *pb.RequestOp) bool {
-		put := op.GetRequestPut()
-		return put != nil && strings.HasPrefix(string(put.Key), p.prefix)
-	})
+	mine := p.prefix != "" && puts(txn, p.prefix)
 	if mine {
 		p.prefix = ""
 	}

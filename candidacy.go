@@ -247,6 +247,7 @@ func (c *candidacy) put(s *session, key, identity string, after time.Duration) <
 		if after > 0 {
 			sleep(s.ctx, after) // if the session ends, so does the put
 		}
+		defer s.sending(key)()
 		ctx, cancel := context.WithTimeout(s.ctx, s.ttl)
 		defer cancel()
 		op := clientv3.OpPut(key, identity, clientv3.WithLease(s.id))

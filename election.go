@@ -28,6 +28,7 @@ type Election struct {
 	signal   func(Signal)
 	pool     *ElectionPool // the pool whose sessions it shares; nil if it has its own
 	slot     *poolSession  // its place on a shared session; guarded by pool.mu
+	unclaim  func()        // a pooled Election's: gives its key back to the host (see claim)
 	c        *candidacy    // our place in line, taken by each campaign
 
 	ctx    context.Context // ended by Close, with cause ErrClosed

@@ -50,7 +50,9 @@ var (
 	// Campaign withdrawn by Resign returns (wrapped).
 	ErrResigned = errors.New("coord: resigned")
 	// ErrInUse is returned by ElectionPool.Election for a key whose
-	// Election is held by another caller until its Close.
+	// Election is held by another caller until its Close, and, with a
+	// Host, by ElectionPool.Election and NewSemaphore for a key that
+	// another pool or semaphore on the same host holds.
 	ErrInUse = errors.New("coord: election in use")
 	// ErrInvalidKeysPerSession is returned for a negative
 	// PoolOptions.KeysPerSession or ShardOptions.KeysPerSession.
@@ -59,7 +61,9 @@ var (
 	// Run are missing or invalid.
 	ErrInvalidShards = errors.New("coord: invalid shards")
 	// ErrHostGone is why a ShardSet tied to our registration
-	// (ShardOptions.Host) ended: the registration ended for good.
+	// (ShardOptions.Host) ended: the registration ended for good. With
+	// PoolOptions.Host or SemaphoreOptions.Host, it is why the terms on
+	// its lease ended then, and what Campaign and Acquire return since.
 	ErrHostGone = errors.New("coord: host registration gone")
 	// ErrNoPermit is returned by Semaphore.TryAcquire when every permit
 	// is held.
@@ -92,12 +96,16 @@ func (permitLost) Is(target error) bool { return target == ErrLeadershipLost }
 
 // fatal returns the error that ends the caller's work for good when err
 // (or the state of ctx and the client) says it will not go away by
-// retrying: ctx ended, the client was closed, or etcd refused the request
-// (permission denied, bad request, request too large). It returns nil for
-// errors worth retrying.
+// retrying: ctx ended, the client was closed, our registration ended (for
+// keys that ride its lease), or etcd refused the request (permission
+// denied, bad request, request too large). It returns nil for errors
+// worth retrying.
 func fatal(ctx context.Context, cli *clientv3.Client, err error) error {
 	if ctx.Err() != nil {
 		return ctx.Err()
+	}
+	if errors.Is(err, ErrHostGone) {
+		return ErrHostGone
 	}
 	if cli.Ctx().Err() != nil {
 		return ErrClientClosed

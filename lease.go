@@ -256,7 +256,9 @@ func revoke(ctx context.Context, cli *clientv3.Client, id clientv3.LeaseID, ttl 
 // taken back once etcd answers again (see stepped), after an etcd leader
 // change or a cut shorter than the lease. Then it ends: a link slow
 // enough that no renewal is answered in time may still carry them to
-// etcd, and keep a lease alive that nobody can use, with its keys.
+// etcd, and keep a lease alive that nobody can use, with its keys. A
+// session on a host registration's lease deletes its keys instead of
+// revoking (see startHostSession).
 type session struct {
 	cli *clientv3.Client
 	id  clientv3.LeaseID
@@ -267,6 +269,13 @@ type session struct {
 	parent context.Context // its owner's life
 	ctx    context.Context // done when the session has ended
 	cancel context.CancelCauseFunc
+
+	// A host session's (see startHostSession); nil for one of its own.
+	host  *hostLease
+	swept chan struct{}  // closed once its keys are deleted, or left to the lease
+	puts  sync.WaitGroup // its puts under way; added to under mu while ctx lives
+	mu    sync.Mutex
+	names map[string]bool // the keys put on it
 }
 
 // errUnanswered is why a term whose session's renewals went unanswered
@@ -331,6 +340,10 @@ func (s *session) run(wg *sync.WaitGroup) {
 	defer wg.Done()
 	if err := s.hold(); err != nil {
 		s.end(err)
+	}
+	if s.host != nil {
+		s.sweep()
+		return
 	}
 	// The session has ended: its terms end with its cause, whether they
 	// learn it from it or from its keeper's up context (see takeLead).

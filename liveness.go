@@ -52,6 +52,10 @@ type HostLiveness struct {
 
 	mark etcdMark // the etcd of our writes
 
+	lent   *hostLease      // the lease host sessions ride; nil while healing
+	relent chan struct{}   // closed and replaced when lent is
+	claims map[string]bool // the keys of elections and semaphores on the host (see claim)
+
 	stopOnce sync.Once
 	stopErr  error
 }
@@ -104,6 +108,8 @@ func RegisterHostLiveness(ctx context.Context, cli *clientv3.Client, meta HostMe
 		meta:    cloneMeta(meta),
 		gen:     1,
 		written: make(chan struct{}),
+		relent:  make(chan struct{}),
+		claims:  map[string]bool{},
 	}
 	mode := claimWaitOut
 	if opts.Takeover {
@@ -322,13 +328,22 @@ func (h *HostLiveness) run(ctx context.Context, reg registration) {
 
 // hold keeps reg alive and returns why it ended. The key is the judge: a
 // lease that expires or is revoked deletes the key with it.
-func (h *HostLiveness) hold(ctx context.Context, reg registration) error {
+func (h *HostLiveness) hold(ctx context.Context, reg registration) (err error) {
 	k := startKeeper(h.cli, reg.lease, reg.ttl, reg.sent, h.log)
-	defer k.stop(nil)
+	hl := h.lend(ctx, reg, k)
+	defer func() {
+		// The host sessions end before the keeper stops, and before a
+		// heal or Stop revokes the lease.
+		h.unlend(hl, err)
+		k.stop(context.Cause(hl.ctx))
+	}()
 	h.holding(k, nil)
-	// Cancelled on return: ends every watch opened below. When etcd says
-	// the lease is gone, the watch ends too and the key is read again: the
-	// watch may have missed the delete (a connection that lost data).
+	// Ended on return: ends every watch opened below. When etcd says the
+	// lease is gone, the watch ends too and the key is read again: the
+	// watch may have missed the delete (a connection that lost data). A
+	// host session that cannot delete its keys leaves the lease (see
+	// sweep): so does the registration.
+	ctx = hl.ctx
 	wctx, cancel := withCancelOn(clientv3.WithRequireLeader(ctx), k.lost)
 	defer cancel()
 	rev := reg.rev
@@ -339,10 +354,11 @@ func (h *HostLiveness) hold(ctx context.Context, reg registration) error {
 		var wr clientv3.WatchResponse
 		ok := false
 		select {
-		case <-ctx.Done():
-			return ctx.Err()
 		case wr, ok = <-wch:
 		case <-wctx.Done():
+		}
+		if ctx.Err() != nil {
+			return context.Cause(ctx)
 		}
 		if !ok || wr.Err() != nil {
 			if err := fatal(ctx, h.cli, wr.Err()); err != nil {

@@ -151,6 +151,12 @@ type SemaphoreOptions struct {
 	// TTL of the session holding our permits: a whole number of seconds.
 	// Default 10s. A holder that crashes frees its slot once it expires.
 	TTL time.Duration
+	// Host, if set, is our registration: the permits ride its lease (and
+	// its TTL). Key is then held by one pool or semaphore of the host at
+	// a time (ErrInUse). When the registration leaves a lease (lost,
+	// healed on a new one), the permits on it end; once it has ended for
+	// good, Acquire returns ErrHostGone.
+	Host *HostLiveness
 	// Identity is shown to others as the holder of our permits. Default:
 	// the host name.
 	Identity string
@@ -165,6 +171,13 @@ type SemaphoreOptions struct {
 type PoolOptions struct {
 	// TTL of each shared session: a whole number of seconds. Default 30s.
 	TTL time.Duration
+	// Host, if set, is our registration: the elections ride its lease
+	// (and its TTL), up to KeysPerSession of them, the others sessions of
+	// the pool's own. An election key is then held by one pool or
+	// semaphore of the host at a time (ErrInUse). When the registration
+	// leaves a lease (lost, healed on a new one), the terms on it end;
+	// once it has ended for good, Campaign returns ErrHostGone.
+	Host *HostLiveness
 	// Identity is the default identity of the pooled elections; default:
 	// the host name.
 	Identity string
@@ -185,8 +198,10 @@ type ShardOptions struct {
 	// keys use). Every member of the fleet should list the same shards.
 	Shards []string
 	// Host is our registration: Self is its HostUUID and HostPrefix its
-	// prefix. When it ends for good (Stop, taken over), every Run's ctx
-	// ends, we own nothing, and the set ends with ErrHostGone.
+	// prefix. Our member key and shard elections (up to KeysPerSession)
+	// ride its lease, and step down on its TTL; one set of a Prefix per
+	// host (ErrInUse). When it ends for good (Stop, taken over), every
+	// Run's ctx ends, we own nothing, and the set ends with ErrHostGone.
 	Host *HostLiveness
 	// Self is this host's HostUUID, registered (by RegisterHostLiveness)
 	// under HostPrefix, when Host is nil: while its key is not there, we
@@ -224,8 +239,9 @@ type ShardOptions struct {
 	// wait: its standbys are in line already. 0 means a tenth of the TTL;
 	// negative is an error.
 	Settle time.Duration
-	// TTL of the shared sessions of the shard elections: a whole number
-	// of seconds. Default 10s.
+	// TTL of the shared sessions of the shard elections (with Host, of
+	// those beyond its lease), and of the set's other timings: a whole
+	// number of seconds. Default 10s.
 	TTL time.Duration
 	// KeysPerSession is how many shard elections share one session at
 	// most; 0 means DefaultKeysPerSession, negative is an error.

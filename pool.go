@@ -30,6 +30,7 @@ type ElectionPool struct {
 	elections map[string]*Election // by key: the one held
 	sessions  []*poolSession       // in the order they were made; dead ones are dropped lazily
 	growing   chan struct{}        // closed when the session being made is done
+	onHost    *session             // with Host: the last session on its lease
 	closed    bool
 }
 
@@ -92,8 +93,15 @@ func (p *ElectionPool) Election(ctx context.Context, key string) (*Election, err
 	if _, held := p.elections[key]; held {
 		return nil, opErr(what, ErrInUse)
 	}
+	unclaim := func() {}
+	if h := p.opts.Host; h != nil {
+		var err error
+		if unclaim, err = h.claim(key); err != nil {
+			return nil, opErr(what, err)
+		}
+	}
 	e := newElection(p.cli, key, p.opts.TTL, p.opts.Identity, p.log, p.opts.OnSignal, &p.mark)
-	e.pool = p
+	e.pool, e.unclaim = p, unclaim
 	p.elections[key] = e
 	return e, nil
 }
@@ -153,15 +161,30 @@ func (p *ElectionPool) roomLocked() *poolSession {
 }
 
 // grow makes a new shared session (bounded by ctx, and cut short by
-// Close) and publishes it.
+// Close) and publishes it: with Host, one on its lease while the pool
+// has none, else one of its own.
 func (p *ElectionPool) grow(ctx context.Context) error {
 	ctx, cancel := withCancelOn(ctx, p.ctx)
 	defer cancel()
-	s, err := startSession(ctx, p.ctx, p.cli, p.opts.TTL, p.log, &p.wg)
+	p.mu.Lock()
+	last := p.onHost
+	p.mu.Unlock()
+	var (
+		s   *session
+		err error
+	)
+	if h := p.opts.Host; h != nil && (last == nil || last.ctx.Err() != nil) {
+		if s, err = startHostSession(ctx, p.ctx, h, last, p.log, &p.wg); err == nil {
+			last = s
+		}
+	} else {
+		s, err = startSession(ctx, p.ctx, p.cli, p.opts.TTL, p.log, &p.wg)
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	close(p.growing)
 	p.growing = nil
+	p.onHost = last
 	if err != nil {
 		return err
 	}
@@ -188,6 +211,7 @@ func (p *ElectionPool) release(e *Election) {
 	p.leaveLocked(e)
 	if p.elections[e.key] == e {
 		delete(p.elections, e.key)
+		e.unclaim()
 	}
 }
 
@@ -204,8 +228,9 @@ func (p *ElectionPool) Close() error {
 	}
 	growing := p.growing
 	p.mu.Unlock()
-	// Sessions first: their revokes take every key with them, and the
-	// elections have nothing left to delete one by one.
+	// Sessions first: their revokes (a host session's deletes) take every
+	// key with them, and the elections have nothing left to delete one
+	// by one.
 	p.cancel()
 	var wg sync.WaitGroup
 	for _, e := range es {

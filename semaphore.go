@@ -31,6 +31,8 @@ type Semaphore struct {
 	prefix   string // key + "/": where permits live
 	limit    int
 	ttl      time.Duration
+	host     *HostLiveness // with Host: the registration whose lease the permits ride
+	unclaim  func()        // gives our key back to the host (see claim)
 	identity string
 	log      *slog.Logger
 	signal   func(Signal)
@@ -85,8 +87,14 @@ func NewSemaphore(ctx context.Context, cli *clientv3.Client, opts SemaphoreOptio
 	if err != nil {
 		return nil, err
 	}
+	unclaim := func() {}
+	if h := opts.Host; h != nil {
+		if unclaim, err = h.claim(opts.Key); err != nil {
+			return nil, opErr(fmt.Sprintf("semaphore %q", opts.Key), err)
+		}
+	}
 	sctx, cancel := context.WithCancelCause(context.Background())
-	s := &Semaphore{cli: cli, key: opts.Key, prefix: opts.Key + "/", limit: opts.Limit, ttl: ttl,
+	s := &Semaphore{cli: cli, key: opts.Key, prefix: opts.Key + "/", limit: opts.Limit, ttl: ttl, host: opts.Host, unclaim: unclaim,
 		identity: identityOrDefault(opts.Identity), log: logger(opts.Logger).With("key", opts.Key),
 		signal: opts.OnSignal, ctx: sctx, cancel: cancel}
 	s.stepped = newStepped(sctx, &s.wg)
@@ -96,6 +104,7 @@ func NewSemaphore(ctx context.Context, cli *clientv3.Client, opts SemaphoreOptio
 	}
 	if err != nil {
 		s.cancel(ErrClosed)
+		unclaim()
 		return nil, opErr(fmt.Sprintf("semaphore %q", opts.Key), err)
 	}
 	return s, nil
@@ -143,9 +152,19 @@ func (s *Semaphore) session(ctx context.Context) (*session, error) {
 	}
 }
 
-// start starts a session and publishes it; called by the one starter.
+// start starts a session (with Host, on its lease) and publishes it;
+// called by the one starter. Our permit keys are numbered: a host
+// session's keys are never those of an earlier one still being swept.
 func (s *Semaphore) start(ctx context.Context) (*session, error) {
-	ss, err := startSession(ctx, s.ctx, s.cli, s.ttl, s.log, &s.wg)
+	var (
+		ss  *session
+		err error
+	)
+	if s.host != nil {
+		ss, err = startHostSession(ctx, s.ctx, s.host, nil, s.log, &s.wg)
+	} else {
+		ss, err = startSession(ctx, s.ctx, s.cli, s.ttl, s.log, &s.wg)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	close(s.starting)
@@ -247,7 +266,8 @@ func (s *Semaphore) Holders(ctx context.Context) ([]Holder, error) {
 func (s *Semaphore) Key() string { return s.key }
 
 // Close ends our permits and waits (their Acquires return ErrClosed),
-// revokes the session, which removes their keys, and waits for the
+// revokes the session, which removes their keys (with Host, the keys are
+// deleted, and the host's lease lives on), and waits for the
 // semaphore's goroutines. It bounds its own time to about one TTL, and
 // is idempotent.
 func (s *Semaphore) Close() error {
@@ -258,6 +278,7 @@ func (s *Semaphore) Close() error {
 		s.mu.Unlock()
 		s.calls.Wait()
 		s.wg.Wait()
+		s.unclaim()
 	})
 	return nil
 }

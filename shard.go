@@ -69,6 +69,7 @@ type ShardSet struct {
 	runs       sync.WaitGroup // the Runs; added to under mu while ctx lives
 	endOnce    sync.Once
 	done       chan struct{} // closed once the set has ended and every Run returned
+	unclaim    func()        // with Host: gives our member key back to the host (see claim)
 
 	mu       sync.Mutex
 	view     shardView
@@ -185,10 +186,18 @@ func NewShardSet(ctx context.Context, cli *clientv3.Client, opts ShardOptions) (
 	}
 	// The pool and the watcher check the client, KeysPerSession and
 	// HostPrefix; neither writes anything.
-	pool, err := NewElectionPool(cli, PoolOptions{TTL: opts.TTL, Identity: opts.Self,
+	pool, err := NewElectionPool(cli, PoolOptions{TTL: opts.TTL, Identity: opts.Self, Host: opts.Host,
 		KeysPerSession: opts.KeysPerSession, Logger: opts.Logger, OnSignal: opts.OnSignal})
 	if err != nil {
 		return nil, err
+	}
+	// With Host, one set of a prefix on the host: its candidate keys
+	// would be another's.
+	unclaim := func() {}
+	if h := opts.Host; h != nil {
+		if unclaim, err = h.claim(memberKey(opts.Prefix, opts.Self)); err != nil {
+			return nil, opErr(fmt.Sprintf("shard set of %q", opts.Self), err)
+		}
 	}
 	// The watcher tells when etcd was replaced: the members and
 	// candidates are listed again too.
@@ -202,9 +211,11 @@ func NewShardSet(ctx context.Context, cli *clientv3.Client, opts ShardOptions) (
 		}})
 	if err != nil {
 		pool.Close()
+		unclaim()
 		return nil, err
 	}
 	s := newShardSet(cli, opts, pool, w)
+	s.unclaim = unclaim
 	s.view.replaced = replaced
 	if err = s.start(ctx); err == nil {
 		s.follow()
@@ -214,6 +225,7 @@ func NewShardSet(ctx context.Context, cli *clientv3.Client, opts ShardOptions) (
 	// (see startSession), without us.
 	s.endOnce.Do(func() {
 		s.stop(ErrClosed)
+		unclaim()
 		close(s.done)
 	})
 	return nil, opErr(fmt.Sprintf("shard set of %q", opts.Self), err)
@@ -257,24 +269,10 @@ func (s *ShardSet) follow() {
 
 // start announces us, follows the hosts, the members and the candidates,
 // and waits, within ctx, until all are known.
-func (s *ShardSet) start(ctx context.Context) (err error) {
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	if h := s.opts.Host; h != nil {
-		go func() {
-			select {
-			case <-h.Done():
-				cancel(ErrHostGone)
-			case <-ctx.Done():
-			}
-		}()
-	}
-	defer func() {
-		if err != nil && errors.Is(context.Cause(ctx), ErrHostGone) {
-			err = ErrHostGone // not the ctx the caller gave
-		}
-	}()
-	sess, err := startSession(ctx, s.ctx, s.cli, s.opts.TTL, s.log, &s.leases)
+func (s *ShardSet) start(ctx context.Context) error {
+	// With Host, our member session ends with ErrHostGone once the
+	// registration has ended, and no other can start then (see borrow).
+	sess, err := s.memberSession(ctx, nil)
 	if err == nil {
 		err = s.announce(ctx, sess)
 	}
@@ -1145,6 +1143,7 @@ func (s *ShardSet) end(cause error) {
 	s.endOnce.Do(func() {
 		s.stop(cause)
 		s.leases.Wait()
+		s.unclaim()
 		close(s.done)
 	})
 }

@@ -159,14 +159,19 @@ func (s *ShardSet) announce(ctx context.Context, sess *session) error {
 	m := s.selfLocked()
 	s.mu.Unlock()
 	val, _ := json.Marshal(m) // a struct of plain fields: never fails
-	ctx, cancel := withCancelOn(ctx, sess.ctx)
+	// Bound to sess.ctx itself: once the session has ended, the put is
+	// not sent (see sending).
+	ctx, cancel := withCancelOn(sess.ctx, ctx)
 	defer cancel()
 	ctx, cancelT := context.WithTimeout(ctx, sess.ttl)
 	defer cancelT()
+	key := memberKey(s.opts.Prefix, s.opts.Self)
+	defer sess.sending(key)()
 	since := s.view.mark.at()
-	resp, err := s.cli.Put(ctx, memberKey(s.opts.Prefix, s.opts.Self), string(val), clientv3.WithLease(sess.id))
+	resp, err := s.cli.Put(ctx, key, string(val), clientv3.WithLease(sess.id))
 	if err != nil {
-		return fmt.Errorf("announce member: %w", err)
+		// Why the session ended, if it did: our registration gone, say.
+		return fmt.Errorf("announce member: %w", cmp.Or(context.Cause(ctx), err))
 	}
 	s.heard(resp.Header, since)
 	return nil
@@ -183,6 +188,15 @@ func (s *ShardSet) announced(sess *session) {
 	default:
 		s.member.announcing = time.Now()
 	}
+}
+
+// memberSession starts a session for our member key (with Host, on its
+// lease), after last, the one before it if any.
+func (s *ShardSet) memberSession(ctx context.Context, last *session) (*session, error) {
+	if h := s.opts.Host; h != nil {
+		return startHostSession(ctx, s.ctx, h, last, s.log, &s.leases)
+	}
+	return startSession(ctx, s.ctx, s.cli, s.opts.TTL, s.log, &s.leases)
 }
 
 // keepAnnounced keeps our member key, on a session of its own, for as long
@@ -206,10 +220,10 @@ func (s *ShardSet) keepAnnounced(sess *session) {
 		s.log.Info("coord: shard set: member session ended, announcing again", "err", sess.Err())
 		s.announced(nil)
 		for s.ctx.Err() == nil {
-			next, err := startSession(s.ctx, s.ctx, s.cli, s.opts.TTL, s.log, &s.leases)
+			next, err := s.memberSession(s.ctx, sess)
 			if err == nil {
+				sess = next
 				if err = s.announce(s.ctx, next); err == nil {
-					sess = next
 					s.announced(sess)
 					break
 				}

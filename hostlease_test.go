@@ -1,0 +1,297 @@
+package coord
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// TestHostLease: with a Host, a pool's elections, a semaphore's permits
+// and a shard set's member key and candidacies ride the registration's
+// lease; each deletes its own keys, the lease lives on; the terms end
+// when the registration leaves the lease.
+func TestHostLease(t *testing.T) {
+	t.Run("one lease per agent", testHostLeaseOne)
+	t.Run("the registration leaves its lease", testHostLeaseLeft)
+	t.Run("Stop ends the terms", testHostLeaseStop)
+	t.Run("one owner of a key on a host", testHostLeaseClaims)
+	t.Run("beyond KeysPerSession, sessions of the pool's own", testHostLeaseKeysPerSession)
+	t.Run("keys etcd cannot delete: the registration leaves the lease", testHostLeaseSweepFails)
+}
+
+// hlLeases returns what lease each key under prefix is on.
+func hlLeases(t *testing.T, cli *clientv3.Client, prefix string) map[string]clientv3.LeaseID {
+	t.Helper()
+	resp, err := cli.Get(testCtx(t), prefix, clientv3.WithPrefix())
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]clientv3.LeaseID{}
+	for _, kv := range resp.Kvs {
+		out[string(kv.Key)] = clientv3.LeaseID(kv.Lease)
+	}
+	return out
+}
+
+// hlSession returns the session of e's leadership.
+func hlSession(e *Election) *session {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.lead.sess
+}
+
+func testHostLeaseOne(t *testing.T) {
+	srv, _ := newEtcd(t)
+	cli := srv.NewClient(t)
+	h := register(t, cli, "a", LivenessOptions{TTL: 2 * time.Second})
+	p := ptPool(t, cli, PoolOptions{Host: h})
+	e1, e2 := ptElection(t, p, "/hl/e1"), ptElection(t, p, "/hl/e2")
+	for _, e := range []*Election{e1, e2} {
+		if err := e.Campaign(testCtx(t), "a"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sem, err := NewSemaphore(testCtx(t), cli, SemaphoreOptions{Key: "/hl/sem", Limit: 2, Host: h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sem.Close()
+	permit, err := sem.Acquire(testCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := newShLedger()
+	shards := shNames(4)
+	set := shSet(t, cli, "a", l, ShardOptions{Shards: shards, Host: h, Prefix: "/hl/shards/"})
+	l.until(t, "a owning every shard", func() bool { return len(set.Owned()) == len(shards) })
+
+	lease := h.LeaseID()
+	if got := ptLeases(t, cli); !slices.Equal(got, []clientv3.LeaseID{lease}) {
+		t.Fatalf("etcd holds leases %v, want only the registration's %x", got, lease)
+	}
+	keys := hlLeases(t, cli, "/hl/")
+	// 2 elections, a permit, a member key and 4 candidacies; and the
+	// semaphore's limit, on no lease.
+	if len(keys) != 2+1+1+len(shards)+1 || keys["/hl/sem"] != clientv3.NoLease {
+		t.Fatalf("keys %v, want 9", keys)
+	}
+	delete(keys, "/hl/sem")
+	for k, id := range keys {
+		if id != lease {
+			t.Fatalf("key %s on lease %x, want the registration's %x", k, id, lease)
+		}
+	}
+
+	// Each owner deletes its keys; the lease, and the host key, live on.
+	if err := permit.Release(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	p.Close()
+	set.Close()
+	sem.Close()
+	for k := range hlLeases(t, cli, "/hl/") {
+		if k != "/hl/sem" { // the limit, on no lease
+			t.Fatalf("key %s left after every owner closed", k)
+		}
+	}
+	if got := truth(t, cli, HostsPrefix); len(got) != 1 || h.LeaseID() != lease {
+		t.Fatalf("hosts %v, lease %x; want a on lease %x", got, h.LeaseID(), lease)
+	}
+	if got := ptLeases(t, cli); !slices.Equal(got, []clientv3.LeaseID{lease}) {
+		t.Fatalf("etcd holds leases %v, want only the registration's %x", got, lease)
+	}
+}
+
+func testHostLeaseLeft(t *testing.T) {
+	srv, _ := newEtcd(t)
+	cli := srv.NewClient(t)
+	h := register(t, cli, "a", LivenessOptions{TTL: 2 * time.Second})
+	p := ptPool(t, cli, PoolOptions{Host: h})
+	e := ptElection(t, p, "/hl/e")
+	if err := e.Campaign(testCtx(t), "a"); err != nil {
+		t.Fatal(err)
+	}
+	sem, err := NewSemaphore(testCtx(t), cli, SemaphoreOptions{Key: "/hl/sem", Limit: 1, Host: h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sem.Close()
+	permit, err := sem.Acquire(testCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := h.LeaseID()
+	// An operator deletes the host key: the registration registers again
+	// on a new lease, and revokes the old one, with our keys.
+	if _, err := cli.Delete(testCtx(t), h.Key()); err != nil {
+		t.Fatal(err)
+	}
+	waitClosed(t, e.Done(), "Done of the election on the lease left")
+	waitClosed(t, permit.Done(), "Done of the permit on the lease left")
+	for what, err := range map[string]error{"election": e.Err(), "permit": permit.Err()} {
+		if !errors.Is(err, ErrLeadershipLost) || !strings.Contains(err.Error(), "host registration left lease "+hexID(old)) {
+			t.Fatalf("%s Err %v, want a leadership lost as the registration left lease %x", what, err, old)
+		}
+	}
+	eventually(t, "the registration on a new lease", func() bool { return h.LeaseID() != old })
+	if err := e.Campaign(testCtx(t), "a"); err != nil {
+		t.Fatal(err)
+	}
+	if permit, err = sem.Acquire(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	keys := hlLeases(t, cli, "/hl/")
+	want := map[string]clientv3.LeaseID{"/hl/sem": 0, e.c.prefix + hexID(h.LeaseID()): h.LeaseID(), permit.c.prefix + hexID(h.LeaseID()) + permit.c.suffix: h.LeaseID()}
+	if len(keys) != len(want) {
+		t.Fatalf("keys %v, want %v", keys, want)
+	}
+	for k, id := range want {
+		if keys[k] != id {
+			t.Fatalf("keys %v, want %v", keys, want)
+		}
+	}
+}
+
+func testHostLeaseStop(t *testing.T) {
+	srv, _ := newEtcd(t)
+	cli := srv.NewClient(t)
+	h := register(t, cli, "a", LivenessOptions{TTL: 2 * time.Second})
+	p := ptPool(t, cli, PoolOptions{Host: h})
+	e := ptElection(t, p, "/hl/e")
+	if err := e.Campaign(testCtx(t), "a"); err != nil {
+		t.Fatal(err)
+	}
+	sem, err := NewSemaphore(testCtx(t), cli, SemaphoreOptions{Key: "/hl/sem", Limit: 1, Host: h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sem.Close()
+	if err := h.Stop(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	waitClosed(t, e.Done(), "Done of the election of a stopped host")
+	if !errors.Is(e.Err(), ErrHostGone) {
+		t.Fatalf("Err %v, want ErrHostGone", e.Err())
+	}
+	if err := e.Campaign(testCtx(t), "a"); !errors.Is(err, ErrHostGone) {
+		t.Fatalf("Campaign on a stopped host: %v, want ErrHostGone", err)
+	}
+	if _, err := sem.Acquire(testCtx(t)); !errors.Is(err, ErrHostGone) {
+		t.Fatalf("Acquire on a stopped host: %v, want ErrHostGone", err)
+	}
+	if _, err := NewSemaphore(testCtx(t), cli, SemaphoreOptions{Key: "/hl/sem2", Limit: 1, Host: h}); !errors.Is(err, ErrHostGone) {
+		t.Fatalf("NewSemaphore on a stopped host: %v, want ErrHostGone", err)
+	}
+	if got := hlLeases(t, cli, "/hl/"); len(got) != 2 { // the limits
+		t.Fatalf("keys %v, want the two limits", got)
+	}
+}
+
+func testHostLeaseClaims(t *testing.T) {
+	srv, _ := newEtcd(t)
+	cli := srv.NewClient(t)
+	h := register(t, cli, "a", LivenessOptions{TTL: 2 * time.Second})
+	p1, p2 := ptPool(t, cli, PoolOptions{Host: h}), ptPool(t, cli, PoolOptions{Host: h})
+	e := ptElection(t, p1, "/hl/k")
+	if _, err := p2.Election(testCtx(t), "/hl/k"); !errors.Is(err, ErrInUse) {
+		t.Fatalf("the key of another pool on the host: %v, want ErrInUse", err)
+	}
+	if _, err := NewSemaphore(testCtx(t), cli, SemaphoreOptions{Key: "/hl/k", Limit: 1, Host: h}); !errors.Is(err, ErrInUse) {
+		t.Fatalf("a semaphore on the key of a pool on the host: %v, want ErrInUse", err)
+	}
+	// Without Host, or on another host, the key is free.
+	other := register(t, cli, "b", LivenessOptions{TTL: 2 * time.Second})
+	ptElection(t, ptPool(t, cli, PoolOptions{Host: other}), "/hl/k")
+	ptElection(t, ptPool(t, cli, PoolOptions{}), "/hl/k")
+	e.Close()
+	ptElection(t, p2, "/hl/k")
+
+	l := newShLedger()
+	shSet(t, cli, "a", l, ShardOptions{Shards: shNames(1), Host: h, Prefix: "/hl/shards/"})
+	if s, err := NewShardSet(testCtx(t), cli, ShardOptions{Shards: shNames(1), Host: h, Prefix: "/hl/shards/", Run: idle}); !errors.Is(err, ErrInUse) {
+		t.Fatalf("a second shard set of the prefix on the host: %v, %v; want ErrInUse", s, err)
+	}
+}
+
+func testHostLeaseKeysPerSession(t *testing.T) {
+	srv, _ := newEtcd(t)
+	cli := srv.NewClient(t)
+	h := register(t, cli, "a", LivenessOptions{TTL: 2 * time.Second})
+	p := ptPool(t, cli, PoolOptions{Host: h, KeysPerSession: 1, TTL: 3 * time.Second})
+	e1, e2 := ptElection(t, p, "/hl/e1"), ptElection(t, p, "/hl/e2")
+	for _, e := range []*Election{e1, e2} {
+		if err := e.Campaign(testCtx(t), "a"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if l1, l2 := hlSession(e1), hlSession(e2); l1.id != h.LeaseID() || l1.ttl != h.TTL() || l2.host != nil || l2.ttl != 3*time.Second {
+		t.Fatalf("e1 on lease %x (TTL %v), e2 on %x (TTL %v, host %v); want the host's lease, then one of the pool's of TTL 3s",
+			l1.id, l1.ttl, l2.id, l2.ttl, l2.host != nil)
+	}
+	ptStats(t, p, PoolStats{Elections: 2, Sessions: 2, Leading: 2, TTL: 3 * time.Second})
+	// e1 gone, the host session ends (swept), and the next election
+	// rides a new one on the same lease, once that sweep is over.
+	first := hlSession(e1)
+	e1.Close()
+	waitClosed(t, first.swept, "the sweep of the host session left empty")
+	e3 := ptElection(t, p, "/hl/e3")
+	if err := e3.Campaign(testCtx(t), "a"); err != nil {
+		t.Fatal(err)
+	}
+	if s := hlSession(e3); s == first || s.id != h.LeaseID() {
+		t.Fatalf("e3 on lease %x (a new session: %v), want a new session on the host's %x", s.id, s != first, h.LeaseID())
+	}
+	// A put on a session that ended records nothing: it is not sent.
+	first.sending("/hl/late")()
+	if first.names["/hl/late"] {
+		t.Fatal("a put on a session that ended was recorded")
+	}
+}
+
+func testHostLeaseSweepFails(t *testing.T) {
+	srv, _ := newEtcd(t)
+	cli := srv.NewClient(t)
+	tap, log := newLogTap()
+	tap.dumpOnFailure(t)
+	h := register(t, cli, "a", LivenessOptions{TTL: time.Second, Logger: log})
+	p := ptPool(t, cli, PoolOptions{Host: h, Logger: log})
+	e := ptElection(t, p, "/hl/e")
+	if err := e.Campaign(testCtx(t), "a"); err != nil {
+		t.Fatal(err)
+	}
+	old := h.LeaseID()
+	srv.Stop()
+	// The election cannot delete its key: its session ends, and its
+	// sweep cannot delete the key either. Meanwhile the next session of
+	// the pool, whose keys have the same names, waits for that sweep.
+	e.Close()
+	e2 := ptElection(t, p, "/hl/e2")
+	short, cancel := context.WithTimeout(testCtx(t), 100*time.Millisecond)
+	defer cancel()
+	if err := e2.Campaign(short, "a"); !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "wait for the keys of an ended session to be deleted") {
+		t.Fatalf("Campaign while the last session's keys are swept: %v, want it to wait for that sweep", err)
+	}
+	// Once the TTL is over, the registration leaves the lease, which
+	// nobody renews any more, and waits for etcd to register again.
+	tap.wait(t, "coord: keys of an ended session not deleted, the registration leaves its lease", 1)
+	tap.wait(t, "coord: host registration lost, healing", 1)
+	short, cancel = context.WithTimeout(testCtx(t), 100*time.Millisecond)
+	defer cancel()
+	if err := e2.Campaign(short, "a"); !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "wait for the host's registration") {
+		t.Fatalf("Campaign while the registration heals: %v, want it to wait for the registration", err)
+	}
+	srv.Restart()
+	eventually(t, "the registration on a new lease", func() bool { return h.LeaseID() != old })
+	eventually(t, "the election key gone with the old lease", func() bool { return len(hlLeases(t, cli, "/hl/")) == 0 })
+	if ttl, err := cli.TimeToLive(testCtx(t), old); err != nil || ttl.TTL != -1 {
+		t.Fatalf("the old lease: %v, %v; want it gone", ttl, err)
+	}
+	if err := e2.Campaign(testCtx(t), "a"); err != nil || hlSession(e2).id != h.LeaseID() {
+		t.Fatalf("Campaign once the registration healed: %v, want to lead on the new lease %x", err, h.LeaseID())
+	}
+}

@@ -253,8 +253,8 @@ func (r benchShardReport) leasesRow() benchRow {
 			return fmt.Sprintf("%s, %s keys", benchShardLeases(p), benchCount(int(p.keys)))
 		}),
 		ratio: r.ratio("leases", func(x benchShardResult) float64 { return float64(x.leases) }),
-		limit: fmt.Sprintf("coord: %s leases, 3 per host (its registration's, its member key's, one pool session per %s keys), and %s keys, 2N + Replicas × K (a registration and a member key per host); naive: N × K = %s leases and keys",
-			benchCount(3*c.hosts), benchCount(coord.DefaultKeysPerSession), benchCount(2*c.hosts+coord.DefaultShardReplicas*c.shards), benchCount(c.hosts*c.shards)),
+		limit: fmt.Sprintf("coord: %s leases, one per host (its registration's, which its member key and up to %s shard elections ride: ShardOptions.Host; the first hosts up take every shard without an owner, those beyond that on sessions of their own, kept while an election is left on them), and %s keys, 2N + Replicas × K (a registration and a member key per host); naive: N × K = %s leases and keys",
+			benchCount(c.hosts), benchCount(coord.DefaultKeysPerSession), benchCount(2*c.hosts+coord.DefaultShardReplicas*c.shards), benchCount(c.hosts*c.shards)),
 	}
 }
 
@@ -601,7 +601,7 @@ func (f *benchShardFleet) start(ctx context.Context, h *benchShardHost) error {
 // shardOptions are host h's ShardSet's: its signals feed the tracker.
 func (f *benchShardFleet) shardOptions(h *benchShardHost) coord.ShardOptions {
 	return coord.ShardOptions{
-		Shards: f.shards, Self: h.id, Prefix: f.prefix + "shards/", HostPrefix: f.prefix + "hosts/", TTL: f.ttl,
+		Shards: f.shards, Host: h.live, Prefix: f.prefix + "shards/", TTL: f.ttl,
 		MaxMoves: benchShardMaxMoves,
 		Run: func(ctx context.Context, _ coord.Shard) {
 			<-ctx.Done()

@@ -139,12 +139,47 @@ func TestCompat(t *testing.T) {
 		{"shardset", testCompatShardSet},
 		{"semaphore", testCompatSemaphore},
 		{"short-cuts", testCompatShortCuts},
+		{"host lease", testCompatHostLease},
 	} {
 		t.Run(p.name, func(t *testing.T) {
 			t.Parallel()
 			p.test(t)
 		})
 	}
+}
+
+// testCompatHostLease: a pool's elections and a semaphore's permits ride
+// a host's registration lease: etcd holds that one lease; Close deletes
+// their keys (nested transactions, one conditional delete each), and the
+// lease and the host key live on.
+func testCompatHostLease(t *testing.T) {
+	e := compatEtcd(t)
+	cli := e.Client()
+	a := compatRegister(t, e, "a", compatTTL())
+	lease := a.live.LeaseID()
+	p := ptPool(t, a.cli, PoolOptions{Host: a.live})
+	for _, k := range ptKeys(3) {
+		etCampaign(t, ptElection(t, p, k), "a")
+	}
+	sem, err := NewSemaphore(testCtx(t), a.cli, SemaphoreOptions{Key: "/compat/host-lease", Limit: 2, Host: a.live})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sem.Close()
+	if _, err := sem.Acquire(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if got := ptLeases(t, cli); !slices.Equal(got, []clientv3.LeaseID{lease}) {
+		t.Fatalf("etcd holds leases %v, want only the registration's %x", got, lease)
+	}
+	p.Close()
+	sem.Close()
+	left := keyCount(t, cli, etKey) + keyCount(t, cli, "/compat/host-lease/")
+	if left != 0 || a.live.LeaseID() != lease || len(truth(t, cli, HostsPrefix)) != 1 {
+		t.Fatalf("after Close: %d keys left, registration on lease %x (was %x), hosts %v; want none, the same lease, a",
+			left, a.live.LeaseID(), lease, truth(t, cli, HostsPrefix))
+	}
+	compatFigures(t, "host lease", "leases", 1, "keys-left", left)
 }
 
 // testCompatShortCuts: a leader cut off for 0.6 of the TTL, twice, keeps

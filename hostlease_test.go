@@ -22,6 +22,64 @@ func TestHostLease(t *testing.T) {
 	t.Run("one owner of a key on a host", testHostLeaseClaims)
 	t.Run("beyond KeysPerSession, sessions of the pool's own", testHostLeaseKeysPerSession)
 	t.Run("keys etcd cannot delete: the registration leaves the lease", testHostLeaseSweepFails)
+	t.Run("a cut shorter than the lease: step-down, then resume on the same lease", testHostLeaseResume)
+}
+
+func testHostLeaseResume(t *testing.T) {
+	srv, cli := newEtcd(t)
+	p := srv.NewProxy(t)
+	t.Cleanup(p.Unpause)
+	s := &signals{}
+	acli := p.NewClient(t)
+	h := register(t, acli, "a", LivenessOptions{TTL: rsTTL()})
+	pool := ptPool(t, acli, PoolOptions{Host: h, OnSignal: s.hook})
+	sem, err := NewSemaphore(testCtx(t), acli, SemaphoreOptions{Key: "/hl/sem", Limit: 1, Host: h, OnSignal: s.hook})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sem.Close()
+	a := ptElection(t, pool, etKey)
+	etCampaign(t, a, "a")
+	permit, err := sem.Acquire(testCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease, token, ptoken := h.LeaseID(), a.Token(), permit.Token()
+	b := etElection(t, srv.NewClient(t), ElectionOptions{TTL: rsTTL()})
+	res := etQueue(t, testCtx(t), cli, b)
+	var again <-chan etResult
+	var reacquired chan *Permit
+	rsCut(t, p, a.Done(), func() {
+		waitClosed(t, permit.Done(), "Done of the permit cut off")
+		if !errors.Is(a.Err(), ErrLeadershipLost) || !strings.Contains(a.Err().Error(), "renewals unanswered") {
+			t.Errorf("stepped down with %v, want renewals unanswered", a.Err())
+		}
+		again = etCampaignAsync(testCtx(t), a, "a")
+		reacquired = make(chan *Permit, 1)
+		go func() {
+			p, err := sem.Acquire(testCtx(t))
+			if err != nil {
+				t.Errorf("Acquire after the step-down: %v", err)
+			}
+			reacquired <- p
+		}()
+	})
+	if r := etWait(t, again); r.err != nil || a.Token() != token {
+		t.Fatalf("Campaign after the step-down: %v, token %d; want the token %d back", r.err, a.Token(), token)
+	}
+	if p := receive(t, reacquired, "the Acquire after the step-down"); p == nil || p.Token() != ptoken {
+		t.Fatalf("Acquire after the step-down: %v; want the token %d back", p, ptoken)
+	}
+	s.waitFor(t, SignalLeadershipResumed, 1)
+	s.waitFor(t, SignalPermitResumed, 1)
+	if h.LeaseID() != lease || hlSession(a).id != lease {
+		t.Fatalf("registration on lease %x, the election on %x; want both still on %x", h.LeaseID(), hlSession(a).id, lease)
+	}
+	select {
+	case r := <-res:
+		t.Fatalf("b's Campaign returned while a held: %v", r.err)
+	default:
+	}
 }
 
 // hlLeases returns what lease each key under prefix is on.

@@ -30,16 +30,7 @@ func testHostLeaseResume(t *testing.T) {
 	p := srv.NewProxy(t)
 	t.Cleanup(p.Unpause)
 	s := &signals{}
-	acli := p.NewClient(t)
-	h := register(t, acli, "a", LivenessOptions{TTL: rsTTL()})
-	pool := ptPool(t, acli, PoolOptions{Host: h, OnSignal: s.hook})
-	sem, err := NewSemaphore(testCtx(t), acli, SemaphoreOptions{Key: "/hl/sem", Limit: 1, Host: h, OnSignal: s.hook})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sem.Close()
-	a := ptElection(t, pool, etKey)
-	etCampaign(t, a, "a")
+	h, a, sem := hlAgent(t, p.NewClient(t), rsTTL(), etKey, s.hook)
 	permit, err := sem.Acquire(testCtx(t))
 	if err != nil {
 		t.Fatal(err)
@@ -101,6 +92,22 @@ func hlSession(e *Election) *session {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.lead.sess
+}
+
+// hlAgent registers a on cli with ttl, and gives it, on that
+// registration, a pool whose election of key leads, and a semaphore of
+// /hl/sem (Limit 1); signal, if set, hears both.
+func hlAgent(t *testing.T, cli *clientv3.Client, ttl time.Duration, key string, signal func(Signal)) (*HostLiveness, *Election, *Semaphore) {
+	t.Helper()
+	h := register(t, cli, "a", LivenessOptions{TTL: ttl})
+	e := ptElection(t, ptPool(t, cli, PoolOptions{Host: h, OnSignal: signal}), key)
+	etCampaign(t, e, "a")
+	sem, err := NewSemaphore(testCtx(t), cli, SemaphoreOptions{Key: "/hl/sem", Limit: 1, Host: h, OnSignal: signal})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sem.Close() })
+	return h, e, sem
 }
 
 func testHostLeaseOne(t *testing.T) {
@@ -168,17 +175,7 @@ func testHostLeaseOne(t *testing.T) {
 func testHostLeaseLeft(t *testing.T) {
 	srv, _ := newEtcd(t)
 	cli := srv.NewClient(t)
-	h := register(t, cli, "a", LivenessOptions{TTL: 2 * time.Second})
-	p := ptPool(t, cli, PoolOptions{Host: h})
-	e := ptElection(t, p, "/hl/e")
-	if err := e.Campaign(testCtx(t), "a"); err != nil {
-		t.Fatal(err)
-	}
-	sem, err := NewSemaphore(testCtx(t), cli, SemaphoreOptions{Key: "/hl/sem", Limit: 1, Host: h})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sem.Close()
+	h, e, sem := hlAgent(t, cli, 2*time.Second, "/hl/e", nil)
 	permit, err := sem.Acquire(testCtx(t))
 	if err != nil {
 		t.Fatal(err)
@@ -218,17 +215,7 @@ func testHostLeaseLeft(t *testing.T) {
 func testHostLeaseStop(t *testing.T) {
 	srv, _ := newEtcd(t)
 	cli := srv.NewClient(t)
-	h := register(t, cli, "a", LivenessOptions{TTL: 2 * time.Second})
-	p := ptPool(t, cli, PoolOptions{Host: h})
-	e := ptElection(t, p, "/hl/e")
-	if err := e.Campaign(testCtx(t), "a"); err != nil {
-		t.Fatal(err)
-	}
-	sem, err := NewSemaphore(testCtx(t), cli, SemaphoreOptions{Key: "/hl/sem", Limit: 1, Host: h})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sem.Close()
+	h, e, sem := hlAgent(t, cli, 2*time.Second, "/hl/e", nil)
 	if err := h.Stop(testCtx(t)); err != nil {
 		t.Fatal(err)
 	}

@@ -16,13 +16,24 @@ import (
 // lease; each deletes its own keys, the lease lives on; the terms end
 // when the registration leaves the lease.
 func TestHostLease(t *testing.T) {
-	t.Run("one lease per agent", testHostLeaseOne)
-	t.Run("the registration leaves its lease", testHostLeaseLeft)
-	t.Run("Stop ends the terms", testHostLeaseStop)
-	t.Run("one owner of a key on a host", testHostLeaseClaims)
-	t.Run("beyond KeysPerSession, sessions of the pool's own", testHostLeaseKeysPerSession)
-	t.Run("keys etcd cannot delete: the registration leaves the lease", testHostLeaseSweepFails)
-	t.Run("a cut shorter than the lease: step-down, then resume on the same lease", testHostLeaseResume)
+	t.Parallel() // bound by waits: see "Parallel tests" in helpers_test.go
+	for _, c := range []struct {
+		name string
+		test func(*testing.T)
+	}{
+		{"one lease per agent", testHostLeaseOne},
+		{"the registration leaves its lease", testHostLeaseLeft},
+		{"Stop ends the terms", testHostLeaseStop},
+		{"one owner of a key on a host", testHostLeaseClaims},
+		{"beyond KeysPerSession, sessions of the pool's own", testHostLeaseKeysPerSession},
+		{"keys etcd cannot delete: the registration leaves the lease", testHostLeaseSweepFails},
+		{"a cut shorter than the lease: step-down, then resume on the same lease", testHostLeaseResume},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			c.test(t)
+		})
+	}
 }
 
 func testHostLeaseResume(t *testing.T) {

@@ -115,6 +115,11 @@ func (h *HostLiveness) borrow(ctx context.Context, s *session) (*hostLease, erro
 		h.mu.Lock()
 		hl, relent := h.lent, h.relent
 		h.mu.Unlock()
+		select {
+		case <-h.exited: // ended by itself: taken over, client closed
+			return nil, ErrHostGone
+		default:
+		}
 		if h.life.Err() != nil {
 			return nil, ErrHostGone
 		}
@@ -123,8 +128,7 @@ func (h *HostLiveness) borrow(ctx context.Context, s *session) (*hostLease, erro
 		}
 		select {
 		case <-relent:
-		case <-h.exited:
-			return nil, ErrHostGone
+		case <-h.exited: // over: see above
 		case <-ctx.Done():
 			return nil, fmt.Errorf("wait for the host's registration: %w", ctx.Err())
 		}
@@ -197,8 +201,8 @@ const sweepBatch = 32
 // puts are over: each only while it is on our lease (the name may have
 // been deleted, or taken by another lease since). If the registration
 // has left the lease, there is nothing to do: the lease goes, with the
-// keys. If etcd cannot be told within the TTL, the registration leaves
-// the lease.
+// keys; nor once the client is closed. If etcd cannot be told within the
+// TTL, the registration leaves the lease.
 func (s *session) sweep() {
 	defer close(s.swept)
 	s.host.part(s)
@@ -209,7 +213,9 @@ func (s *session) sweep() {
 	}
 	s.mu.Unlock()
 	s.puts.Wait()
-	if s.host.ctx.Err() != nil || len(names) == 0 {
+	// A closed client sends nothing more, as after a crash (see revoke):
+	// the keys go with the lease.
+	if s.host.ctx.Err() != nil || len(names) == 0 || s.cli.Ctx().Err() != nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.ttl)

@@ -24,6 +24,8 @@ func TestHostLease(t *testing.T) {
 		{"one lease per agent", testHostLeaseOne},
 		{"the registration leaves its lease", testHostLeaseLeft},
 		{"Stop ends the terms", testHostLeaseStop},
+		{"a registration taken over ends the terms", testHostLeaseTakenOver},
+		{"a closed client leaves the keys to the lease, as a crash", testHostLeaseClientClosed},
 		{"one owner of a key on a host", testHostLeaseClaims},
 		{"beyond KeysPerSession, sessions of the pool's own", testHostLeaseKeysPerSession},
 		{"keys etcd cannot delete: the registration leaves the lease", testHostLeaseSweepFails},
@@ -245,6 +247,41 @@ func testHostLeaseStop(t *testing.T) {
 	}
 	if got := hlLeases(t, cli, "/hl/"); len(got) != 2 { // the limits
 		t.Fatalf("keys %v, want the two limits", got)
+	}
+}
+
+func testHostLeaseTakenOver(t *testing.T) {
+	srv, _ := newEtcd(t)
+	cli := srv.NewClient(t)
+	h, e, _ := hlAgent(t, cli, 2*time.Second, "/hl/e", nil)
+	register(t, srv.NewClient(t), "a", LivenessOptions{Takeover: true})
+	waitClosed(t, h.Done(), "Done of the registration taken over")
+	waitClosed(t, e.Done(), "Done of the election on the registration taken over")
+	if !errors.Is(e.Err(), ErrHostGone) {
+		t.Fatalf("Err %v, want ErrHostGone", e.Err())
+	}
+	if _, err := NewSemaphore(testCtx(t), cli, SemaphoreOptions{Key: "/hl/sem2", Limit: 1, Host: h}); !errors.Is(err, ErrHostGone) {
+		t.Fatalf("NewSemaphore on a registration taken over: %v, want ErrHostGone", err)
+	}
+}
+
+func testHostLeaseClientClosed(t *testing.T) {
+	srv, cli := newEtcd(t)
+	acli := srv.NewClient(t)
+	h := register(t, acli, "a", LivenessOptions{TTL: 2 * time.Second})
+	p := ptPool(t, acli, PoolOptions{Host: h})
+	e := ptElection(t, p, "/hl/e")
+	etCampaign(t, e, "a")
+	lease := h.LeaseID()
+	// Closed at once, as a ShardSet closes its pool when its client
+	// closes: the client's connection outlives its Close by a moment, and
+	// a delete sent then would still land. Close waits for the host
+	// session's end: nothing was sent, whether the session or the
+	// registration heard first.
+	acli.Close()
+	p.Close()
+	if keys := hlLeases(t, cli, "/hl/"); len(keys) != 1 || keys[e.c.prefix+hexID(lease)] != lease {
+		t.Fatalf("keys %v, want the election's still on lease %x", keys, lease)
 	}
 }
 

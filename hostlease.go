@@ -94,7 +94,8 @@ func (h *HostLiveness) lend(ctx context.Context, reg registration, k *keeper) *h
 
 // unlend ends hl (see hostLease.end), err saying why the registration
 // left it: ErrHostGone if that ends the registration (Stop, taken over,
-// the client closed: see run).
+// the client closed: see run). hold calls it before its keeper stops,
+// and before a heal or Stop revokes the lease.
 func (h *HostLiveness) unlend(hl *hostLease, err error) {
 	h.mu.Lock()
 	h.lent = nil

@@ -332,9 +332,7 @@ func (h *HostLiveness) hold(ctx context.Context, reg registration) (err error) {
 	k := startKeeper(h.cli, reg.lease, reg.ttl, reg.sent, h.log)
 	hl := h.lend(ctx, reg, k)
 	defer func() {
-		// The host sessions end before the keeper stops, and before a
-		// heal or Stop revokes the lease.
-		h.unlend(hl, err)
+		h.unlend(hl, err) // before the keeper stops (see unlend)
 		k.stop(context.Cause(hl.ctx))
 	}()
 	h.holding(k, nil)

@@ -10,10 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/etcdserverpb"
-	"go.etcd.io/etcd/api/v3/mvccpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc/metadata"
 )
 
 // ShardSet spreads work, split into named shards, over the members of a
@@ -81,27 +78,6 @@ type ShardSet struct {
 	workers  map[string]*shardWorker // by shard: the one that campaigns or runs it
 	draining bool
 	idle     chan struct{} // closed while we have no worker; see Drain
-}
-
-// shardView is what we know of the live hosts, the members and every
-// shard's candidates, and how far it has reached in etcd. Guarded by
-// ShardSet.mu, but for replaced and mark, which are safe on their own.
-type shardView struct {
-	hosts       map[string]bool                 // live hosts, Self included
-	members     map[string]ShardMember          // announced members, by HostUUID
-	cands       map[string]map[string]candidate // by shard, by candidate key
-	hostsSynced bool
-	candsListed bool
-	candsLost   time.Time // when the candidate watch broke, zero while it runs
-	// rev is the etcd revision our view of the members and the
-	// candidates has reached; moved is closed and replaced as it moves.
-	rev   int64
-	moved chan struct{}
-	// replaced holds the word that etcd was replaced (the host
-	// watcher's, or heard's), until our view is listed again; mark
-	// follows the etcd of our view, from its answers and ours.
-	replaced *replacedNote
-	mark     etcdMark
 }
 
 // moveBudget counts our moves of one kind in flight (the takeovers, or
@@ -358,6 +334,9 @@ func (s *ShardSet) reconcileLocked(shard string) {
 	}
 	want := s.wantLocked(shard)
 	w := s.workers[shard]
+	if w == nil && want && !s.followedLocked(shard) {
+		return // until its candidates are read: see followShard
+	}
 	switch {
 	case w == nil && want && s.waitSettleLocked(shard):
 	case w == nil && want:
@@ -482,6 +461,7 @@ func (s *ShardSet) startLocked(w *shardWorker) {
 // forgetLocked forgets worker w, whose last term is over.
 func (s *ShardSet) forgetLocked(w *shardWorker) {
 	delete(s.workers, w.name)
+	s.scopeLocked(w.name)
 	s.endMoveLocked(w)
 	if len(s.workers) == 0 {
 		close(s.idle)
@@ -531,7 +511,11 @@ func (s *ShardSet) reconcileAllLocked() {
 	s.reorderLocked()
 	for shard := range s.view.cands {
 		s.rank.ranked[shard] = s.rankedLocked(shard)
+		s.scopeLocked(shard)
 		s.reconcileLocked(shard)
+	}
+	if s.view.gen != nil {
+		s.view.gen.listed = 0 // followed from the listing, or forgotten
 	}
 	s.rank.refreshed = true
 	_, s.rank.selfLive = s.memberLocked(s.opts.Self)
@@ -554,8 +538,11 @@ func (s *ShardSet) refreshLocked() {
 		return
 	}
 	for shard := range s.view.cands {
-		if r := s.rankedLocked(shard); r != s.rank.ranked[shard] {
-			s.rank.ranked[shard] = r
+		r := s.rankedLocked(shard)
+		changed := r != s.rank.ranked[shard]
+		s.rank.ranked[shard] = r
+		s.scopeLocked(shard) // whether or not we are among its candidates
+		if changed {
 			s.reconcileLocked(shard)
 		}
 	}
@@ -571,10 +558,6 @@ func (s *ShardSet) update(f func()) {
 	f()
 	s.refreshLocked()
 }
-
-// shardListPage is how many keys of the set (members and candidates, each
-// some 100 bytes in etcd's response) a page of its listing holds.
-const shardListPage = 5000
 
 // hostBatch bounds the host events applied before the shards are
 // reconciled: a burst (a snapshot, a fleet starting) is one reconcile.
@@ -623,215 +606,6 @@ func (s *ShardSet) noteHostsLocked(ev HostEvent) {
 		if !ok {
 			return
 		}
-	}
-}
-
-// followCandidates keeps the members and every shard's candidates: it
-// lists them, then watches, and lists again whenever the watch breaks
-// (compaction, lost leader, refusal), until the shard set ends.
-func (s *ShardSet) followCandidates() {
-	defer s.wg.Done()
-	var r retry
-	for {
-		since := s.view.mark.at()
-		resp, err := listPrefix(s.ctx, s.cli, s.opts.Prefix, shardListPage)
-		if err == nil {
-			s.update(func() {
-				for shard := range s.view.cands {
-					s.view.cands[shard] = map[string]candidate{}
-				}
-				clear(s.view.members)
-				for _, kv := range resp.Kvs {
-					s.noteLocked(kv, false)
-				}
-				if err := s.view.mark.see(resp.Header, since); err != nil {
-					s.log.Error("coord: shard set: etcd was replaced or restored, listing the members and candidates again", "err", err)
-					emit(s.opts.OnSignal, Signal{Kind: SignalEtcdReplaced, Key: s.opts.Prefix, Host: s.opts.Self, Err: err})
-				}
-				s.view.replaced.clear()
-				// Our member key may have gone while we were not
-				// watching: it is put again, whether or not it did.
-				s.askReannounceLocked()
-				s.view.candsListed, s.view.candsLost = true, time.Time{}
-				// Every shard's candidates may have changed.
-				s.rank.refreshed = false
-				s.viewAtLocked(resp.Header.Revision)
-			})
-			err = s.watchCandidates(resp.Header.Revision+1, &r)
-		}
-		if s.ctx.Err() != nil {
-			return
-		}
-		s.candidatesLost()
-		s.log.Info("coord: shard set: candidate watch broke, listing again", "err", err)
-		if !errors.Is(err, errEtcdReplaced) {
-			sleep(s.ctx, r.next())
-		}
-	}
-}
-
-// watchCandidates applies the members' and candidates' changes from rev
-// on, until the watch breaks (its error) or the shard set ends (nil).
-func (s *ShardSet) watchCandidates(rev int64, r *retry) error {
-	ctx, cancel := context.WithCancelCause(s.viewCtx(s.ctx))
-	defer cancel(nil)
-	go func() {
-		select {
-		case <-s.view.replaced.wake:
-			s.mu.Lock()
-			s.forgetViewLocked()
-			s.mu.Unlock()
-			cancel(s.view.replaced.get())
-		case <-ctx.Done():
-		}
-	}()
-	for wr := range responses(ctx, s.cli.Watch(ctx, s.opts.Prefix, clientv3.WithPrefix(), clientv3.WithRev(rev))) {
-		if err := wr.Err(); err != nil {
-			return err
-		}
-		*r = retry{}
-		s.heard(wr.Header, nil)
-		s.mu.Lock()
-		s.viewAtLocked(wr.Header.Revision)
-		// The members first, then each shard whose candidates changed:
-		// a member event need not change any ranking (a key put again
-		// unchanged), so the refresh may reconcile none of them.
-		members, shards := false, map[string]bool{}
-		for _, ev := range wr.Events {
-			shard, m := s.noteLocked(ev.Kv, ev.Type == mvccpb.DELETE)
-			members = members || m
-			if shard != "" {
-				shards[shard] = true
-			}
-		}
-		if members {
-			s.refreshLocked()
-		}
-		for shard := range shards {
-			s.reconcileLocked(shard)
-		}
-		s.mu.Unlock()
-	}
-	if err := context.Cause(ctx); errors.Is(err, errEtcdReplaced) {
-		return err
-	}
-	return nil
-}
-
-// heard takes in what h, an answer of etcd, says of it (linear: see
-// etcdMark.see): an etcd that replaced the one of our view has our view
-// forgotten, and listed again (see watchCandidates).
-func (s *ShardSet) heard(h *etcdserverpb.ResponseHeader, since *markAt) {
-	if err := s.view.mark.replacedBy(h, since); err != nil {
-		s.view.replaced.set(err)
-	}
-}
-
-// forgetViewLocked forgets the candidates of our view, which are of an
-// etcd that was replaced: its revisions say nothing of the new one's.
-// Nothing is decided until the view is listed again, and a shard won
-// meanwhile runs only once it has (see catchUp). The members stay: they
-// announce themselves again on the new etcd, and our shards are not let go
-// for want of them.
-func (s *ShardSet) forgetViewLocked() {
-	for shard := range s.view.cands {
-		s.view.cands[shard] = map[string]candidate{}
-	}
-	s.view.candsListed, s.view.rev = false, 0
-}
-
-// viewAtLocked records that our view has reached revision rev.
-func (s *ShardSet) viewAtLocked(rev int64) {
-	if rev > s.view.rev {
-		s.view.rev = rev
-		close(s.view.moved)
-		s.view.moved = make(chan struct{})
-	}
-}
-
-// viewCtx returns ctx for the watch of the members and candidates and for
-// the progress asked of it: it requires a leader, and has a gRPC stream
-// of its own. etcd answers a progress request only once every watch of
-// the stream has caught up and none starts past its revision: on the
-// stream our candidacies share, a monitor just started from the revision
-// after its win would hold catchUp's request back until the next write,
-// while its own Run, the writer, waits for catchUp.
-func (s *ShardSet) viewCtx(ctx context.Context) context.Context {
-	return metadata.AppendToOutgoingContext(clientv3.WithRequireLeader(ctx), "coord-view", fmt.Sprintf("%p", s))
-}
-
-// catchUp waits, within ctx, until our view of the members and the
-// candidates has reached revision rev: a shard won at rev runs only on a
-// view that knows what etcd held then (our member key gone, say, while
-// etcd was without quorum). A view with nothing to tell since (no change
-// under the prefix) asks etcd where its watch is, and again with backoff
-// (etcd answers only once every watch of the stream has caught up).
-func (s *ShardSet) catchUp(ctx context.Context, rev int64) {
-	var (
-		r    retry
-		next time.Time // when to ask etcd where the watch is, again
-	)
-	for ctx.Err() == nil {
-		s.mu.Lock()
-		at, moved := s.view.rev, s.view.moved
-		s.mu.Unlock()
-		if at >= rev {
-			return
-		}
-		if now := time.Now(); !now.Before(next) {
-			if next.IsZero() {
-				s.log.Debug("coord: shard won, waiting for our view to catch up", "view", at, "won", rev)
-			}
-			// The watch's stream is the one of its ctx's metadata.
-			s.cli.RequestProgress(s.viewCtx(ctx))
-			next = now.Add(r.next())
-		}
-		t := time.NewTimer(time.Until(next))
-		select {
-		case <-moved:
-		case <-t.C:
-		case <-ctx.Done():
-		}
-		t.Stop()
-	}
-}
-
-// noteLocked records a member or candidate key put or deleted. It returns
-// the candidate's shard, or whether the members changed; keys that are
-// neither members nor candidates of our shards are skipped.
-func (s *ShardSet) noteLocked(kv *mvccpb.KeyValue, deleted bool) (shard string, members bool) {
-	shard, lease, ok := strings.Cut(strings.TrimPrefix(string(kv.Key), s.opts.Prefix), "/")
-	if shard == ShardMemberSegment && ok {
-		s.noteMemberLocked(kv, lease, deleted)
-		return "", true
-	}
-	cands, known := s.view.cands[shard]
-	if !ok || !known || strings.Contains(lease, "/") {
-		return "", false
-	}
-	if deleted {
-		delete(cands, string(kv.Key))
-	} else {
-		cands[string(kv.Key)] = candidate{host: string(kv.Value), rev: kv.CreateRevision}
-	}
-	return shard, false
-}
-
-// noteMemberLocked records host's member key put or deleted; ours, deleted
-// while we live, is put again.
-func (s *ShardSet) noteMemberLocked(kv *mvccpb.KeyValue, host string, deleted bool) {
-	m, ok := decodeMember(s.opts.Prefix, kv)
-	switch {
-	case deleted:
-		delete(s.view.members, host)
-		if host == s.opts.Self {
-			s.askReannounceLocked()
-		}
-	case !ok:
-		s.log.Warn("coord: shard set: skipping a member key that is not a member's", "key", string(kv.Key))
-		delete(s.view.members, host)
-	default:
-		s.view.members[host] = m
 	}
 }
 
@@ -965,7 +739,7 @@ func (s *ShardSet) acquire(w *shardWorker, e *Election, term context.Context) (c
 	// line behind etcd's writes (at a fleet's cold start, 1.5 s at the
 	// median). A member that lags by a few milliseconds delays a handoff
 	// to our watch, or costs a campaign.
-	s.catchUp(term, e.wonAt())
+	s.catchUp(term, w.name, e.wonAt())
 	ctx, cancel := context.WithTimeout(term, s.opts.TTL/3)
 	defer cancel()
 	token := e.Token()

@@ -12,11 +12,13 @@ import (
 	"time"
 
 	"github.com/go-coord/coord"
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 )
 
 // Scenario 10: a ShardSet fleet. Each host is on its own client, with its
@@ -106,7 +108,7 @@ func benchShardRows(num, head string, c benchShardResult, p *benchShardResult) [
 	r := benchShardReport{num: num, head: head, c: c, p: p}
 	rows := []benchRow{r.coldRow(), r.spreadRow(), r.joinRow(), r.crashRow(), r.leasesRow()}
 	if c.rolled {
-		rows = append(rows, r.drainRow(), r.rollRow())
+		rows = append(rows, r.drainRow(), r.rollRow(), r.scopeRow())
 	}
 	return rows
 }
@@ -536,7 +538,7 @@ func (f *benchShardFleet) progress(format string, args ...any) {
 // newHost creates host i and its client; coord's host is registered too,
 // unless it is the one that joins later (i == len(hosts) after the start).
 func (f *benchShardFleet) newHost(ctx context.Context, i int) error {
-	link := &benchLink{}
+	link := &benchLink{set: f.prefix + "shards/"}
 	cli, err := f.env.client(link.dialOptions()...)
 	if err != nil {
 		return err
@@ -1149,6 +1151,10 @@ func (t *benchShardTracker) wait(ctx context.Context, timeout time.Duration, wha
 // from etcd reaches it, as a network partition or a dead process.
 type benchLink struct {
 	cut atomic.Bool
+	// set is the shard set's prefix; events and bytes count the events
+	// under it that the host's watches received, and their size.
+	set           string
+	events, bytes atomic.Int64
 }
 
 func (l *benchLink) dialOptions() []grpc.DialOption {
@@ -1190,7 +1196,23 @@ func (s benchLinkStream) RecvMsg(m any) error {
 	for {
 		err := s.ClientStream.RecvMsg(m)
 		if err != nil || !s.l.cut.Load() {
+			s.l.count(m)
 			return err
+		}
+	}
+}
+
+// count counts the events under the set's prefix of m, if it is a
+// watch's response.
+func (l *benchLink) count(m any) {
+	wr, ok := m.(*etcdserverpb.WatchResponse)
+	if !ok || l.set == "" {
+		return
+	}
+	for _, ev := range wr.Events {
+		if strings.HasPrefix(string(ev.Kv.Key), l.set) {
+			l.events.Add(1)
+			l.bytes.Add(int64(proto.Size(ev)))
 		}
 	}
 }

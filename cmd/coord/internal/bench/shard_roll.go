@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/go-coord/coord"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/proto"
 )
 
 // Scenario 10's drain and rolling restart, coord only, on the fleet as
@@ -153,6 +155,81 @@ type benchShardRollResult struct {
 	h               benchShardHandoffs
 	gapAt, spanAt   string
 	unownedAt       string
+	scope           benchShardScope
+}
+
+// benchShardScope is what the members' watches received of the set
+// during the roll, next to what each needed: the members' events, and
+// the candidates' of the shards it ranks among the first Replicas+1 for
+// (what it follows, the fleet settled).
+type benchShardScope struct {
+	members   int
+	got, need int     // set events received, needed: summed over the members
+	worst     float64 // the largest received / needed of one member
+	all       int     // set events in etcd's history over the roll: what a watch of the whole set receives
+	gotBytes  int64   // the bytes of the set events received, summed over the members
+	allBytes  int64   // the bytes of the history's set events
+}
+
+// benchShardCounts returns, by host, the set events its watches received
+// so far, and their bytes.
+func benchShardCounts(hosts []*benchShardHost) map[string][2]int64 {
+	out := map[string][2]int64{}
+	for _, h := range hosts {
+		out[h.id] = [2]int64{h.link.events.Load(), h.link.bytes.Load()}
+	}
+	return out
+}
+
+// scope measures r from etcd's history since rev0 and what each of hosts
+// received since counts0; ids rank the shards.
+func (f *benchShardFleet) scope(ctx context.Context, hosts []*benchShardHost, ids []string, counts0 map[string][2]int64, rev0 int64) (r benchShardScope, err error) {
+	end := f.prefix + "roll-end"
+	put, err := f.env.cli.Put(ctx, end, "")
+	if err != nil {
+		return r, err
+	}
+	set := f.prefix + "shards/"
+	members := set + coord.ShardMemberSegment + "/"
+	var evs []*clientv3.Event
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for wr := range f.env.cli.Watch(wctx, f.prefix, clientv3.WithPrefix(), clientv3.WithRev(rev0+1)) {
+		if err := wr.Err(); err != nil {
+			return r, err
+		}
+		for _, ev := range wr.Events {
+			if strings.HasPrefix(string(ev.Kv.Key), set) {
+				evs = append(evs, ev)
+			}
+		}
+		if n := len(wr.Events); n > 0 && wr.Events[n-1].Kv.ModRevision >= put.Header.Revision {
+			break
+		}
+	}
+	if ctx.Err() != nil {
+		return r, ctx.Err()
+	}
+	counts := benchShardCounts(hosts)
+	r.members, r.all = len(hosts), len(evs)
+	for _, ev := range evs {
+		r.allBytes += int64(proto.Size(ev))
+	}
+	for _, h := range hosts {
+		need := 0
+		for _, ev := range evs {
+			key := string(ev.Kv.Key)
+			shard, _, _ := strings.Cut(strings.TrimPrefix(key, set), "/")
+			ranked := coord.RankHosts(shard, ids)
+			if strings.HasPrefix(key, members) || slices.Contains(ranked[:min(len(ranked), coord.DefaultShardReplicas+1)], h.id) {
+				need++
+			}
+		}
+		got := int(counts[h.id][0] - counts0[h.id][0])
+		r.got, r.need, r.gotBytes = r.got+got, r.need+need, r.gotBytes+counts[h.id][1]-counts0[h.id][1]
+		r.worst = max(r.worst, float64(got)/float64(max(need, 1)))
+	}
+	return r, nil
 }
 
 // over returns how many shards moved more than allowed (twice per
@@ -267,6 +344,11 @@ func (f *benchShardFleet) roll(ctx context.Context, r *benchShardResult, n int) 
 	ro.rolled, ro.members, ro.allowed = min(n, len(live)), len(live), map[string]int{}
 	lost0, heals0 := f.tr.troubles()
 	overlaps0, mark := f.tr.overlapCount(), f.tr.mark()
+	counts0 := benchShardCounts(live)
+	at, err := f.env.cli.Get(ctx, f.prefix+"roll-end")
+	if err != nil {
+		return err
+	}
 	t0 := time.Now()
 	rtts := f.probe(ctx)
 	defer rtts()
@@ -295,7 +377,8 @@ func (f *benchShardFleet) roll(ctx context.Context, r *benchShardResult, n int) 
 	ro.gapAt, ro.spanAt, ro.unownedAt = f.describe(ro.h.gap, t0), f.describe(ro.h.span, t0), f.unowned(ro.h.unowned, t0)
 	ro.lost, ro.heals = f.tr.troublesSince(lost0, heals0)
 	ro.overlaps = f.tr.overlapCount() - overlaps0
-	return nil
+	ro.scope, err = f.scope(ctx, live, ids, counts0, at.Header.Revision)
+	return err
 }
 
 // drain marks h draining (ranked out: from now on the shards should be
@@ -473,6 +556,23 @@ func (r benchShardReport) rollRow() benchRow {
 			benchMet(n == 0), over, benchCount(ro.owned), benchCount(2*ro.owned), benchMet(ro.h.moves <= 2*ro.owned),
 			benchShardGaps(ro.h, rtt, ro.rtts, ro.gapAt, ro.spanAt),
 			benchShardRollSubset(ro), ro.unownedAt, benchShardMoreTroubles(ro.lost, ro.heals, ro.overlaps)),
+	}
+}
+
+func (r benchShardReport) scopeRow() benchRow {
+	sc := r.c.roll.scope
+	m := float64(max(sc.members, 1))
+	got, need := float64(sc.got)/m, float64(sc.need)/m
+	ratio := got / max(need, 1)
+	return benchRow{
+		scenario: fmt.Sprintf("%s same, during the roll: set events (member and candidate keys) that a member's watches received, "+
+			"next to what it needed (the members', and the candidates' of the shards it ranks among the first Replicas+1 for), per member; "+
+			"and the bytes of them etcd sent to all %d members", r.num, sc.members),
+		coord: fmt.Sprintf("%.0f received, %.0f needed: %.2f× (the worst member %.2f×); %s sent", got, need, ratio, sc.worst, benchBytes(sc.gotBytes)),
+		plain: fmt.Sprintf("a watch of the whole set: %s events per member, %.2f× what it needed; %s sent",
+			benchCount(sc.all), float64(sc.all)/max(need, 1), benchBytes(sc.allBytes*int64(sc.members))),
+		ratio: fmt.Sprintf("%.2f× the events, %.2f× the bytes", got/max(float64(sc.all), 1), float64(sc.gotBytes)/float64(max(sc.allBytes*int64(sc.members), 1))),
+		limit: fmt.Sprintf("goal: ≤ 1.2 × needed per member %s (%.2f×)", benchMet(ratio <= 1.2), ratio),
 	}
 }
 

@@ -138,3 +138,6 @@ func benchPlural(n int, thing string) string {
 	}
 	return benchCount(n) + " " + thing + "s"
 }
+
+// benchBytes writes n bytes in MB, to two decimals.
+func benchBytes(n int64) string { return fmt.Sprintf("%.2f MB", float64(n)/1e6) }

@@ -1,0 +1,405 @@
+package coord
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/metadata"
+)
+
+// How a member follows the set in etcd: it lists the whole set once (the
+// members and every shard's candidates, in pages), then watches the
+// members, and the candidates of only the shards it follows (its scope:
+// see scopedLocked), each from the revision it was read at. A shard that
+// comes into scope is read, then watched; one that leaves it is no longer
+// watched, and forgotten. So a member receives the events of the shards
+// it may take part in, not of the whole set: its cost falls as the fleet
+// grows, and etcd sends each shard's events to a few members, not to all.
+//
+// Every decision on a shard is taken on a view of it that is complete:
+// the members, and its candidates since the revision they were read at.
+// Each watch goes on from where its read left off, so the views of two
+// shards may be at different revisions; what a won shard runs on is
+// caught up first (see catchUp).
+
+// shardView is what we know of the live hosts, the members and the
+// candidates of the shards we follow, and how far it has reached in etcd.
+// Guarded by ShardSet.mu, but for replaced and mark, which are safe on
+// their own.
+type shardView struct {
+	hosts       map[string]bool                 // live hosts, Self included
+	members     map[string]ShardMember          // announced members, by HostUUID
+	cands       map[string]map[string]candidate // by shard, by candidate key: of the shards we follow
+	hostsSynced bool
+	candsListed bool
+	candsLost   time.Time // when a watch of the set broke, zero while they run
+	// gen is the view's life since the set was last listed, nil once
+	// a watch broke and until it is listed again; follows holds the
+	// shards we follow (or followed, until the listing), by name.
+	gen     *viewGen
+	follows map[string]*shardFollow
+	// rev is the etcd revision our view of the members has reached;
+	// moved is closed and replaced as it, or a shard's, moves.
+	rev   int64
+	moved chan struct{}
+	// replaced holds the word that etcd was replaced (the host
+	// watcher's, or heard's), until our view is listed again; mark
+	// follows the etcd of our view, from its answers and ours.
+	replaced *replacedNote
+	mark     etcdMark
+}
+
+// viewGen is a view's life from a listing of the set: the watches of the
+// members and of the shards followed, which end together, with its ctx.
+type viewGen struct {
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	// listed is the listing's revision, until the first scoping after
+	// it, which follows the shards in scope from there (0 after: a shard
+	// that comes into scope later is read first).
+	listed int64
+	wg     sync.WaitGroup // its shard follows
+}
+
+// shardFollow is the following of one shard's candidates.
+type shardFollow struct {
+	shard string
+	stop  context.CancelFunc
+	at    int64 // the revision its candidates have reached; 0 until read
+}
+
+// errViewEnded ends a view's watches: it is listed again.
+var errViewEnded = errors.New("the set is listed again")
+
+// shardListPage is how many keys of the set (members and candidates, each
+// some 100 bytes in etcd's response) a page of its listing holds.
+const shardListPage = 5000
+
+// followCandidates keeps the members and the followed shards' candidates:
+// it lists the set, then watches, and lists again whenever a watch breaks
+// (compaction, lost leader, refusal, etcd replaced), until the shard set
+// ends.
+func (s *ShardSet) followCandidates() {
+	defer s.wg.Done()
+	var r retry
+	for {
+		since := s.view.mark.at()
+		resp, err := listPrefix(s.ctx, s.cli, s.opts.Prefix, shardListPage)
+		if err == nil {
+			g := &viewGen{listed: resp.Header.Revision}
+			g.ctx, g.cancel = context.WithCancelCause(s.viewCtx(s.ctx))
+			s.update(func() { s.listedLocked(resp, since, g) })
+			err = s.watchMembers(g, resp.Header.Revision+1, &r)
+			s.mu.Lock()
+			g.cancel(errViewEnded)
+			s.view.gen = nil // no follow starts after: see scopeLocked
+			s.mu.Unlock()
+			g.wg.Wait()
+		}
+		if s.ctx.Err() != nil {
+			return
+		}
+		s.candidatesLost()
+		s.log.Info("coord: shard set: candidate watch broke, listing again", "err", err)
+		if !errors.Is(err, errEtcdReplaced) {
+			sleep(s.ctx, r.next())
+		}
+	}
+}
+
+// listedLocked makes resp, a listing of the set, our view, the life of
+// g: each shard in scope is followed from it at the first refresh (see
+// reconcileAllLocked).
+func (s *ShardSet) listedLocked(resp *clientv3.GetResponse, since *markAt, g *viewGen) {
+	for shard := range s.view.cands {
+		s.view.cands[shard] = map[string]candidate{}
+	}
+	clear(s.view.members)
+	for _, kv := range resp.Kvs {
+		s.noteLocked(kv, false)
+	}
+	if err := s.view.mark.see(resp.Header, since); err != nil {
+		s.log.Error("coord: shard set: etcd was replaced or restored, listing the members and candidates again", "err", err)
+		emit(s.opts.OnSignal, Signal{Kind: SignalEtcdReplaced, Key: s.opts.Prefix, Host: s.opts.Self, Err: err})
+	}
+	s.view.replaced.clear()
+	s.view.gen, s.view.follows = g, map[string]*shardFollow{}
+	// Our member key may have gone while we were not watching: it is put
+	// again, whether or not it did.
+	s.askReannounceLocked()
+	s.view.candsListed, s.view.candsLost = true, time.Time{}
+	// Every shard's candidates may have changed.
+	s.rank.refreshed = false
+	s.viewAtLocked(resp.Header.Revision)
+}
+
+// watchMembers applies the members' changes from rev on, until a watch of
+// g breaks (its error) or the shard set ends (nil).
+func (s *ShardSet) watchMembers(g *viewGen, rev int64, r *retry) error {
+	go func() {
+		select {
+		case <-s.view.replaced.wake:
+			s.mu.Lock()
+			s.forgetViewLocked()
+			s.mu.Unlock()
+			g.cancel(s.view.replaced.get())
+		case <-g.ctx.Done():
+		}
+	}()
+	key := memberKey(s.opts.Prefix, "")
+	for wr := range responses(g.ctx, s.cli.Watch(g.ctx, key, clientv3.WithPrefix(), clientv3.WithRev(rev))) {
+		if err := wr.Err(); err != nil {
+			return err
+		}
+		*r = retry{}
+		s.heard(wr.Header, nil)
+		s.mu.Lock()
+		s.viewAtLocked(wr.Header.Revision)
+		for _, ev := range wr.Events {
+			s.noteLocked(ev.Kv, ev.Type == mvccpb.DELETE)
+		}
+		// A member event need not change any ranking (a key put again
+		// unchanged): the refresh then reconciles no shard.
+		if len(wr.Events) > 0 {
+			s.refreshLocked()
+		}
+		s.mu.Unlock()
+	}
+	if s.ctx.Err() != nil {
+		return nil
+	}
+	return context.Cause(g.ctx)
+}
+
+// scopedLocked reports whether we follow shard's candidates: we work on
+// it, or rank among the shard's candidates, or next after them (the
+// member that takes part when one of them leaves, its view ready).
+func (s *ShardSet) scopedLocked(shard string) bool {
+	if s.workers[shard] != nil || s.rank.ranked[shard] {
+		return true
+	}
+	o := s.rank.order[shard]
+	return slices.ContainsFunc(o[:min(len(o), s.opts.Replicas+1)], func(m rankedMember) bool { return m.HostUUID == s.opts.Self })
+}
+
+// scopeLocked starts following shard when it comes into our scope, and
+// stops when it leaves it; nothing while the set is being listed again.
+func (s *ShardSet) scopeLocked(shard string) {
+	g, f := s.view.gen, s.view.follows[shard]
+	switch in := s.scopedLocked(shard); {
+	case g == nil:
+	case in && f == nil:
+		f = &shardFollow{shard: shard, at: g.listed}
+		ctx, stop := context.WithCancel(g.ctx)
+		f.stop = stop
+		s.view.follows[shard] = f
+		g.wg.Add(1)
+		go s.followShard(ctx, g, f)
+	case !in && (f != nil || g.listed != 0):
+		if f != nil {
+			f.stop()
+			delete(s.view.follows, shard)
+		}
+		s.view.cands[shard] = map[string]candidate{}
+	}
+}
+
+// followedLocked reports whether shard's candidates are known: we follow
+// it, and it has been read.
+func (s *ShardSet) followedLocked(shard string) bool {
+	f := s.view.follows[shard]
+	return f != nil && f.at != 0
+}
+
+// followShard follows f's candidates in ctx, a part of g: it reads them
+// unless the listing did, then watches them from there. Its view of the
+// shard counts only while f is the shard's follow (not after a scope out,
+// nor after a listing). A watch that breaks ends g, to be listed again.
+func (s *ShardSet) followShard(ctx context.Context, g *viewGen, f *shardFollow) {
+	defer g.wg.Done()
+	key := s.opts.Prefix + f.shard + "/"
+	s.mu.Lock()
+	from := f.at
+	s.mu.Unlock()
+	if from == 0 {
+		since := s.view.mark.at()
+		resp, err := s.cli.Get(ctx, key, clientv3.WithPrefix())
+		if err != nil {
+			broke(ctx, g, err)
+			return
+		}
+		s.heard(resp.Header, since)
+		from = resp.Header.Revision
+		s.mu.Lock()
+		if s.view.follows[f.shard] == f {
+			cands := map[string]candidate{}
+			for _, kv := range resp.Kvs {
+				cands[string(kv.Key)] = candidate{host: string(kv.Value), rev: kv.CreateRevision}
+			}
+			s.view.cands[f.shard] = cands
+			s.shardAtLocked(f, from)
+		}
+		s.mu.Unlock()
+	}
+	for wr := range responses(ctx, s.cli.Watch(ctx, key, clientv3.WithPrefix(), clientv3.WithRev(from+1))) {
+		if err := wr.Err(); err != nil {
+			broke(ctx, g, err)
+			return
+		}
+		s.heard(wr.Header, nil)
+		s.mu.Lock()
+		if s.view.follows[f.shard] == f {
+			for _, ev := range wr.Events {
+				s.noteLocked(ev.Kv, ev.Type == mvccpb.DELETE)
+			}
+			s.shardAtLocked(f, wr.Header.Revision)
+		}
+		s.mu.Unlock()
+	}
+}
+
+// broke ends g with err, the error of a follow in ctx, unless ctx ended
+// first: the shard left our scope, or g ended already.
+func broke(ctx context.Context, g *viewGen, err error) {
+	if ctx.Err() == nil {
+		g.cancel(err)
+	}
+}
+
+// shardAtLocked records that f's view of its shard has reached revision
+// rev, and reconciles the shard.
+func (s *ShardSet) shardAtLocked(f *shardFollow, rev int64) {
+	if rev > f.at {
+		f.at = rev
+		close(s.view.moved)
+		s.view.moved = make(chan struct{})
+	}
+	s.reconcileLocked(f.shard)
+}
+
+// heard takes in what h, an answer of etcd, says of it (linear: see
+// etcdMark.see): an etcd that replaced the one of our view has our view
+// forgotten, and listed again (see watchMembers).
+func (s *ShardSet) heard(h *etcdserverpb.ResponseHeader, since *markAt) {
+	if err := s.view.mark.replacedBy(h, since); err != nil {
+		s.view.replaced.set(err)
+	}
+}
+
+// forgetViewLocked forgets the candidates of our view, which are of an
+// etcd that was replaced: its revisions say nothing of the new one's.
+// Nothing is decided until the view is listed again, and a shard won
+// meanwhile runs only once it has (see catchUp). The members stay: they
+// announce themselves again on the new etcd, and our shards are not let go
+// for want of them.
+func (s *ShardSet) forgetViewLocked() {
+	for shard := range s.view.cands {
+		s.view.cands[shard] = map[string]candidate{}
+	}
+	s.view.candsListed, s.view.rev = false, 0
+}
+
+// viewAtLocked records that our view of the members has reached revision
+// rev.
+func (s *ShardSet) viewAtLocked(rev int64) {
+	if rev > s.view.rev {
+		s.view.rev = rev
+		close(s.view.moved)
+		s.view.moved = make(chan struct{})
+	}
+}
+
+// viewCtx returns ctx for the watches of the set and for the progress
+// asked of them: it requires a leader, and has a gRPC stream of its own.
+// etcd answers a progress request only once every watch of the stream has
+// caught up and none starts past its revision: on the stream our
+// candidacies share, a monitor just started from the revision after its
+// win would hold catchUp's request back until the next write, while its
+// own Run, the writer, waits for catchUp.
+func (s *ShardSet) viewCtx(ctx context.Context) context.Context {
+	return metadata.AppendToOutgoingContext(clientv3.WithRequireLeader(ctx), "coord-view", fmt.Sprintf("%p", s))
+}
+
+// catchUp waits, within ctx, until our view of the members and of shard's
+// candidates has reached revision rev: a shard won at rev runs only on a
+// view that knows what etcd held then (our member key gone, say, while
+// etcd was without quorum). A view with nothing to tell since (no change
+// of the members or the shard) asks etcd where its watches are, and again
+// with backoff (etcd answers every watch of the stream at once, once
+// every one has caught up).
+func (s *ShardSet) catchUp(ctx context.Context, shard string, rev int64) {
+	var (
+		r    retry
+		next time.Time // when to ask etcd where the watches are, again
+	)
+	for ctx.Err() == nil {
+		s.mu.Lock()
+		at, moved := int64(0), s.view.moved
+		if f := s.view.follows[shard]; f != nil {
+			at = min(s.view.rev, f.at)
+		}
+		s.mu.Unlock()
+		if at >= rev {
+			return
+		}
+		if now := time.Now(); !now.Before(next) {
+			if next.IsZero() {
+				s.log.Debug("coord: shard won, waiting for our view to catch up", "view", at, "won", rev)
+			}
+			// The watches' stream is the one of its ctx's metadata.
+			s.cli.RequestProgress(s.viewCtx(ctx))
+			next = now.Add(r.next())
+		}
+		t := time.NewTimer(time.Until(next))
+		select {
+		case <-moved:
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+	}
+}
+
+// noteLocked records a member or candidate key put or deleted; keys that
+// are neither members nor candidates of our shards are skipped.
+func (s *ShardSet) noteLocked(kv *mvccpb.KeyValue, deleted bool) {
+	shard, lease, ok := strings.Cut(strings.TrimPrefix(string(kv.Key), s.opts.Prefix), "/")
+	if shard == ShardMemberSegment && ok {
+		s.noteMemberLocked(kv, lease, deleted)
+		return
+	}
+	cands, known := s.view.cands[shard]
+	switch {
+	case !ok || !known || strings.Contains(lease, "/"):
+	case deleted:
+		delete(cands, string(kv.Key))
+	default:
+		cands[string(kv.Key)] = candidate{host: string(kv.Value), rev: kv.CreateRevision}
+	}
+}
+
+// noteMemberLocked records host's member key put or deleted; ours, deleted
+// while we live, is put again.
+func (s *ShardSet) noteMemberLocked(kv *mvccpb.KeyValue, host string, deleted bool) {
+	m, ok := decodeMember(s.opts.Prefix, kv)
+	switch {
+	case deleted:
+		delete(s.view.members, host)
+		if host == s.opts.Self {
+			s.askReannounceLocked()
+		}
+	case !ok:
+		s.log.Warn("coord: shard set: skipping a member key that is not a member's", "key", string(kv.Key))
+		delete(s.view.members, host)
+	default:
+		s.view.members[host] = m
+	}
+}

@@ -476,8 +476,11 @@ func shSettle(t *testing.T, l *shLedger, shards []string, live, all []*shHost) m
 					t.Logf("%s: view at revision %d, listed %v, hosts synced %v, members %d, moves %d, handing %d, unsettled %d",
 						h.id, h.set.view.rev, h.set.view.candsListed, h.set.view.hostsSynced, len(h.set.view.members), h.set.moves.inFlight, h.set.hands.inFlight, len(h.set.settle.unsettled))
 					for _, sh := range bad[:min(len(bad), 8)] {
-						w := h.set.workers[sh]
-						t.Logf("  %s: worker %v, running %v, candidates %v, ranked %v", sh, w != nil, w != nil && w.stopRun != nil, h.set.view.cands[sh], h.set.rank.ranked[sh])
+						w, at := h.set.workers[sh], int64(-1) // -1: not followed
+						if f := h.set.view.follows[sh]; f != nil {
+							at = f.at
+						}
+						t.Logf("  %s: worker %v, running %v, candidates %v (at revision %d), ranked %v", sh, w != nil, w != nil && w.stopRun != nil, h.set.view.cands[sh], at, h.set.rank.ranked[sh])
 					}
 					h.set.mu.Unlock()
 				}

@@ -76,6 +76,15 @@ type shardFollow struct {
 	at    int64 // the revision its candidates have reached; 0 until read
 }
 
+// watchFrom: our view's watches start at the revision their keys were read
+// at, not the next one, and take its events again (they change nothing:
+// the read has them). etcd answers a progress request on a stream only
+// once every watch of it has reached etcd's revision, and takes a watch
+// that starts at the next one, not written yet, as not there: a view
+// watch started after a read would hold catchUp back until the next
+// write to etcd, for good on a quiet etcd. One that starts at the read's
+// catches up within one of etcd's syncs of its watches (every 100 ms).
+
 // errViewEnded ends a view's watches: it is listed again.
 var errViewEnded = errors.New("the set is listed again")
 
@@ -95,9 +104,9 @@ func (s *ShardSet) followCandidates() {
 		resp, err := listPrefix(s.ctx, s.cli, s.opts.Prefix, shardListPage)
 		if err == nil {
 			g := &viewGen{listed: resp.Header.Revision}
-			g.ctx, g.cancel = context.WithCancelCause(s.viewCtx(s.ctx))
+			g.ctx, g.cancel = context.WithCancelCause(s.ctx)
 			s.update(func() { s.listedLocked(resp, since, g) })
-			err = s.watchMembers(g, resp.Header.Revision+1, &r)
+			err = s.watchMembers(g, resp.Header.Revision, &r)
 			s.mu.Lock()
 			g.cancel(errViewEnded)
 			s.view.gen = nil // no follow starts after: see scopeLocked
@@ -141,8 +150,9 @@ func (s *ShardSet) listedLocked(resp *clientv3.GetResponse, since *markAt, g *vi
 	s.viewAtLocked(resp.Header.Revision)
 }
 
-// watchMembers applies the members' changes from rev on, until a watch of
-// g breaks (its error) or the shard set ends (nil).
+// watchMembers applies the members' changes from rev, the listing's, on
+// (see watchFrom), until a watch of g breaks (its error) or the shard set
+// ends (nil).
 func (s *ShardSet) watchMembers(g *viewGen, rev int64, r *retry) error {
 	go func() {
 		select {
@@ -154,8 +164,8 @@ func (s *ShardSet) watchMembers(g *viewGen, rev int64, r *retry) error {
 		case <-g.ctx.Done():
 		}
 	}()
-	key := memberKey(s.opts.Prefix, "")
-	for wr := range responses(g.ctx, s.cli.Watch(g.ctx, key, clientv3.WithPrefix(), clientv3.WithRev(rev))) {
+	key, ctx := memberKey(s.opts.Prefix, ""), s.viewCtx(g.ctx, viewMembers)
+	for wr := range responses(ctx, s.cli.Watch(ctx, key, clientv3.WithPrefix(), clientv3.WithRev(rev))) {
 		if err := wr.Err(); err != nil {
 			return err
 		}
@@ -198,7 +208,7 @@ func (s *ShardSet) scopeLocked(shard string) {
 	case g == nil:
 	case in && f == nil:
 		f = &shardFollow{shard: shard, at: g.listed}
-		ctx, stop := context.WithCancel(g.ctx)
+		ctx, stop := context.WithCancel(s.viewCtx(g.ctx, viewShards))
 		f.stop = stop
 		s.view.follows[shard] = f
 		g.wg.Add(1)
@@ -249,7 +259,8 @@ func (s *ShardSet) followShard(ctx context.Context, g *viewGen, f *shardFollow) 
 		}
 		s.mu.Unlock()
 	}
-	for wr := range responses(ctx, s.cli.Watch(ctx, key, clientv3.WithPrefix(), clientv3.WithRev(from+1))) {
+	// From the revision read, not the next: see watchFrom.
+	for wr := range responses(ctx, s.cli.Watch(ctx, key, clientv3.WithPrefix(), clientv3.WithRev(from))) {
 		if err := wr.Err(); err != nil {
 			broke(ctx, g, err)
 			return
@@ -317,15 +328,26 @@ func (s *ShardSet) viewAtLocked(rev int64) {
 	}
 }
 
-// viewCtx returns ctx for the watches of the set and for the progress
-// asked of them: it requires a leader, and has a gRPC stream of its own.
-// etcd answers a progress request only once every watch of the stream has
-// caught up and none starts past its revision: on the stream our
-// candidacies share, a monitor just started from the revision after its
-// win would hold catchUp's request back until the next write, while its
-// own Run, the writer, waits for catchUp.
-func (s *ShardSet) viewCtx(ctx context.Context) context.Context {
-	return metadata.AppendToOutgoingContext(clientv3.WithRequireLeader(ctx), "coord-view", fmt.Sprintf("%p", s))
+// The gRPC streams of our view's watches: the members' watch has one of
+// its own, so that etcd answers a progress request on it at once, whatever
+// the shards' watches do (see viewCtx).
+const (
+	viewMembers = "members"
+	viewShards  = "shards"
+)
+
+// viewCtx returns ctx for the watches of the set on stream (viewMembers or
+// viewShards), and for the progress asked of them: it requires a leader,
+// and the stream is ours alone. etcd answers a progress request only once
+// every watch of the stream has caught up and none starts past its
+// revision: on the stream our candidacies share, a monitor just started
+// from the revision after its win would hold catchUp's request back until
+// the next write, while its own Run, the writer, waits for catchUp; and
+// a shard's watch just started behind etcd's revision (one that came into
+// scope) holds it back until etcd's next sync of its watches, up to 100
+// ms later.
+func (s *ShardSet) viewCtx(ctx context.Context, stream string) context.Context {
+	return metadata.AppendToOutgoingContext(clientv3.WithRequireLeader(ctx), "coord-view", fmt.Sprintf("%p/%s", s, stream))
 }
 
 // catchUp waits, within ctx, until our view of the members and of shard's
@@ -342,20 +364,24 @@ func (s *ShardSet) catchUp(ctx context.Context, shard string, rev int64) {
 	)
 	for ctx.Err() == nil {
 		s.mu.Lock()
-		at, moved := int64(0), s.view.moved
+		members, at, moved := s.view.rev, int64(0), s.view.moved
 		if f := s.view.follows[shard]; f != nil {
-			at = min(s.view.rev, f.at)
+			at = f.at
 		}
 		s.mu.Unlock()
-		if at >= rev {
+		if members >= rev && at >= rev {
 			return
 		}
 		if now := time.Now(); !now.Before(next) {
 			if next.IsZero() {
-				s.log.Debug("coord: shard won, waiting for our view to catch up", "view", at, "won", rev)
+				s.log.Debug("coord: shard won, waiting for our view to catch up", "members", members, "shard", at, "won", rev)
 			}
-			// The watches' stream is the one of its ctx's metadata.
-			s.cli.RequestProgress(s.viewCtx(ctx))
+			// A watch's stream is the one of its ctx's metadata.
+			for stream, behind := range map[string]bool{viewMembers: members < rev, viewShards: at < rev} {
+				if behind {
+					s.cli.RequestProgress(s.viewCtx(ctx, stream))
+				}
+			}
 			next = now.Add(r.next())
 		}
 		t := time.NewTimer(time.Until(next))

@@ -90,6 +90,8 @@ type Config struct {
 	shardNaiveHosts int // 10b: the size at which the naive plan runs, next to coord; equal to
 	shardNaiveCount int // the above, one coord run serves both
 	shardRoll       int // 10: members restarted in turn, after a drain; 0: neither
+	scopeHosts      []int // 10c: the members of each fleet whose roll is measured
+	scopeCount      int   // 10c: shards
 
 	semContenders int           // 11: contenders looping Acquire → Release, per side
 	semLimit      int           // 11 and 11b: the semaphore's Limit
@@ -124,6 +126,7 @@ func Full() Config {
 		fleetLivenessTTL: 10 * time.Second, fleetPoolTTL: 30 * time.Second, fleetWindow: 20 * time.Second,
 		shardHosts: 32, shardCount: 4096, ShardTTL: 10 * time.Second, ShardStagger: 100 * time.Millisecond,
 		shardNaiveHosts: 8, shardNaiveCount: 256, shardRoll: 8,
+		scopeHosts: []int{8, 16, 32}, scopeCount: 1024,
 		semContenders: 16, semLimit: 4, semFor: 6 * time.Second, semChunk: 500 * time.Millisecond,
 		semRounds: 200, semSettle: 100 * time.Millisecond,
 	}
@@ -146,6 +149,7 @@ func Quick() Config {
 	c.fleetLivenessTTL, c.fleetPoolTTL, c.fleetWindow = 3*time.Second, 3*time.Second, 3*time.Second
 	c.shardHosts, c.shardCount, c.ShardTTL, c.ShardStagger = 8, 128, 2*time.Second, 50*time.Millisecond
 	c.shardNaiveCount, c.shardRoll = 128, 2
+	c.scopeHosts, c.scopeCount = []int{4, 8}, 64
 	c.semFor, c.semRounds = time.Second, 15
 	return c
 }

@@ -86,6 +86,10 @@ func benchShards(ctx context.Context, env *benchEnv, cfg Config) ([]benchRow, er
 	if err != nil {
 		return nil, fmt.Errorf("naive, %d × %d: %w", cfg.shardNaiveHosts, cfg.shardNaiveCount, err)
 	}
+	scopes, err := benchShardScopes(ctx, env, cfg)
+	if err != nil {
+		return nil, err
+	}
 	where := "the bench's etcd"
 	if env.embedded {
 		where = "the bench's embedded single-member etcd"
@@ -94,12 +98,63 @@ func benchShards(ctx context.Context, env *benchEnv, cfg Config) ([]benchRow, er
 		cfg.shardHosts, benchCount(cfg.shardCount), coord.DefaultShardReplicas, benchSecs(cfg.ShardTTL), where)
 	if same {
 		rows := benchShardRows("10.", head+"; plain: the naive plan (every host campaigns for every shard, a concurrency session per shard per host)", big, &naive)
-		return rows, nil
+		return append(rows, benchShardScopeRow(cfg, scopes)), nil
 	}
 	rows := benchShardRows("10.", head+"; coord only: the naive plan is run in 10b", big, nil)
-	return append(rows, benchShardRows("10b.",
+	rows = append(rows, benchShardRows("10b.",
 		fmt.Sprintf("10b. ShardSet at %d hosts × %s shards, next to the naive plan (every host campaigns for every shard, a concurrency session per shard per host); otherwise as 10",
-			cfg.shardNaiveHosts, benchCount(cfg.shardNaiveCount)), small, &naive)...), nil
+			cfg.shardNaiveHosts, benchCount(cfg.shardNaiveCount)), small, &naive)...)
+	return append(rows, benchShardScopeRow(cfg, scopes)), nil
+}
+
+// benchShardScopes measures 10c: at each size of cfg.scopeHosts, a fleet
+// of coord members started as 10's and a rolling
+// restart of a quarter of them; it returns what each roll's watches
+// received (see benchShardScope).
+func benchShardScopes(ctx context.Context, env *benchEnv, cfg Config) ([]benchShardScope, error) {
+	var out []benchShardScope
+	for _, n := range cfg.scopeHosts {
+		f := newBenchShardFleet(env, cfg, "coord", n, cfg.scopeCount)
+		r := benchShardResult{hosts: n, shards: cfg.scopeCount, stagger: cfg.ShardStagger}
+		err := f.coldStart(ctx, &r)
+		if err == nil {
+			err = f.roll(ctx, &r, n/4)
+		}
+		if err = errors.Join(err, f.close(ctx)); err != nil {
+			return nil, fmt.Errorf("coord, scopes at %d × %d: %w", n, cfg.scopeCount, err)
+		}
+		out = append(out, r.roll.scope)
+		env.settle(ctx)
+	}
+	return out, nil
+}
+
+// benchShardScopeRow is 10c's row.
+func benchShardScopeRow(cfg Config, scopes []benchShardScope) benchRow {
+	var got, all, ratios []string
+	met := true
+	var xs, ys []float64
+	for _, sc := range scopes {
+		m := float64(max(sc.members, 1))
+		ratio := float64(sc.got) / float64(max(sc.need, 1))
+		met = met && ratio <= 1.2
+		got = append(got, fmt.Sprintf("M %d: %.0f received, %.0f needed, %.2f× (worst member %.2f×); %s sent",
+			sc.members, float64(sc.got)/m, float64(sc.need)/m, ratio, sc.worst, benchBytes(sc.gotBytes)))
+		all = append(all, fmt.Sprintf("M %d: %s per member, %.2f× needed; %s sent",
+			sc.members, benchCount(sc.all), float64(sc.all)*m/float64(max(sc.need, 1)), benchBytes(sc.allBytes*int64(sc.members))))
+		ratios = append(ratios, fmt.Sprintf("%.2f", float64(sc.gotBytes)/float64(max(sc.allBytes*int64(sc.members), 1))))
+		xs, ys = append(xs, math.Log(m)), append(ys, math.Log(float64(max(sc.gotBytes, 1))))
+	}
+	return benchRow{
+		scenario: fmt.Sprintf("10c. ShardSet members' watches against fleet size: M members × %s shards (Replicas %d), started as 10's, then a rolling restart of M/4 (as 10's): "+
+			"set events a member's watches received during the roll, next to what it needed (the members', and the candidates' of the shards it ranks among the first Replicas+1 for), "+
+			"and the bytes of set events etcd sent to all the members; the slope of log(bytes sent) against log(M)",
+			benchCount(cfg.scopeCount), coord.DefaultShardReplicas),
+		coord: strings.Join(got, "; ") + fmt.Sprintf("; slope %.2f", benchSlope(xs, ys)),
+		plain: "a watch of the whole set (what each member received before): " + strings.Join(all, "; "),
+		ratio: strings.Join(ratios, " / ") + " (bytes sent)",
+		limit: fmt.Sprintf("goal: ≤ 1.2 × needed per member at every M %s; etcd's sent bytes flat in M (slope about 0; a watch of the whole set: about 1)", benchMet(met)),
+	}
 }
 
 // benchShardRows are the rows of one size: coord's run c, and the naive
@@ -288,9 +343,7 @@ func benchShardLeases(r benchShardResult) string {
 // hosts × k shards: cold start, a join, a crash; then, for coord when
 // roll > 0, a drain and a rolling restart of roll members.
 func benchShardRun(ctx context.Context, env *benchEnv, cfg Config, side string, n, k, roll int) (r benchShardResult, err error) {
-	f := &benchShardFleet{env: env, side: side, ttl: cfg.ShardTTL, shards: benchShardNames(k),
-		prefix: env.prefix("shards", fmt.Sprintf("%s-%dx%d", side, n, k))}
-	f.tr = newBenchShardTracker(f.shards)
+	f := newBenchShardFleet(env, cfg, side, n, k)
 	r.hosts, r.shards, r.stagger = n, k, cfg.ShardStagger
 	defer func() { err = errors.Join(err, f.close(ctx)) }()
 	baseline, err := f.leaseBaseline(ctx)
@@ -314,6 +367,15 @@ func benchShardRun(ctx context.Context, env *benchEnv, cfg Config, side string, 
 		return r, err
 	}
 	return r, f.roll(ctx, &r, roll)
+}
+
+// newBenchShardFleet returns a fleet of side for n hosts × k shards, none
+// created yet.
+func newBenchShardFleet(env *benchEnv, cfg Config, side string, n, k int) *benchShardFleet {
+	f := &benchShardFleet{env: env, side: side, ttl: cfg.ShardTTL, shards: benchShardNames(k),
+		prefix: env.prefix("shards", fmt.Sprintf("%s-%dx%d", side, n, k))}
+	f.tr = newBenchShardTracker(f.shards)
+	return f
 }
 
 // leaseBaseline returns how many leases the embedded etcd holds before the

@@ -141,3 +141,23 @@ func benchPlural(n int, thing string) string {
 
 // benchBytes writes n bytes in MB, to two decimals.
 func benchBytes(n int64) string { return fmt.Sprintf("%.2f MB", float64(n)/1e6) }
+
+// benchSlope is the least-squares slope of ys against xs; 0 with fewer
+// than two distinct xs.
+func benchSlope(xs, ys []float64) float64 {
+	var mx, my float64
+	for i := range xs {
+		mx, my = mx+xs[i], my+ys[i]
+	}
+	n := float64(max(len(xs), 1))
+	mx, my = mx/n, my/n
+	var sxy, sxx float64
+	for i := range xs {
+		sxy += (xs[i] - mx) * (ys[i] - my)
+		sxx += (xs[i] - mx) * (xs[i] - mx)
+	}
+	if sxx == 0 {
+		return 0
+	}
+	return sxy / sxx
+}

@@ -56,28 +56,44 @@ type ShardSet struct {
 
 	// ctx is the shard set's life: its cause is ErrClosed after Close,
 	// ErrClientClosed once the client is closed.
-	ctx        context.Context
-	cancel     context.CancelCauseFunc
+	ctx      context.Context
+	cancel   context.CancelCauseFunc
+	starting shardStart
+	wg       sync.WaitGroup // the followers, the announcer and the workers
+	runs     sync.WaitGroup // the Runs; added to under mu while ctx lives
+	ending   shardEnding
+
+	mu      sync.Mutex
+	view    shardView
+	rank    ranking
+	moves   moveBudget // our campaigns to take a shard over from another live member
+	hands   moveBudget // our Runs ended for a better-ranked member in line, not resigned yet
+	settle  settleState
+	member  announcement
+	workers map[string]*shardWorker // by shard: the one that campaigns or runs it
+	drain   drainState
+}
+
+// shardStart is how far a shard set's start has come.
+type shardStart struct {
 	hostsEnded chan struct{} // closed when the host watcher's events end
 	ready      chan struct{} // closed once the hosts, members and candidates are known
-	readyOnce  sync.Once
-	wg         sync.WaitGroup // the followers, the announcer and the workers
-	leases     sync.WaitGroup // our member sessions' goroutines
-	runs       sync.WaitGroup // the Runs; added to under mu while ctx lives
-	endOnce    sync.Once
-	done       chan struct{} // closed once the set has ended and every Run returned
-	unclaim    func()        // with Host: gives our member key back to the host (see claim)
+	once       sync.Once     // closes ready
+}
 
-	mu       sync.Mutex
-	view     shardView
-	rank     ranking
-	moves    moveBudget // our campaigns to take a shard over from another live member
-	hands    moveBudget // our Runs ended for a better-ranked member in line, not resigned yet
-	settle   settleState
-	member   announcement
-	workers  map[string]*shardWorker // by shard: the one that campaigns or runs it
-	draining bool
-	idle     chan struct{} // closed while we have no worker; see Drain
+// shardEnding is what a shard set's end waits for and gives back.
+type shardEnding struct {
+	once    sync.Once
+	leases  sync.WaitGroup // our member sessions' goroutines
+	done    chan struct{}  // closed once the set has ended and every Run returned
+	unclaim func()         // with Host: gives our member key back to the host (see claim)
+}
+
+// drainState is whether we drain, and whether we are idle. Guarded by
+// ShardSet.mu.
+type drainState struct {
+	on   bool
+	idle chan struct{} // closed while we have no worker; see Drain
 }
 
 // moveBudget counts our moves of one kind in flight (the takeovers, or
@@ -191,7 +207,7 @@ func NewShardSet(ctx context.Context, cli *clientv3.Client, opts ShardOptions) (
 		return nil, err
 	}
 	s := newShardSet(cli, opts, pool, w)
-	s.unclaim = unclaim
+	s.ending.unclaim = unclaim
 	s.view.replaced = replaced
 	if err = s.start(ctx); err == nil {
 		s.follow()
@@ -199,18 +215,18 @@ func NewShardSet(ctx context.Context, cli *clientv3.Client, opts ShardOptions) (
 	}
 	// Within ctx: a member lease being granted is revoked when it comes
 	// (see startSession), without us.
-	s.endOnce.Do(func() {
+	s.ending.once.Do(func() {
 		s.stop(ErrClosed)
 		unclaim()
-		close(s.done)
+		close(s.ending.done)
 	})
 	return nil, opErr(fmt.Sprintf("shard set of %q", opts.Self), err)
 }
 
 func newShardSet(cli *clientv3.Client, opts ShardOptions, pool *ElectionPool, w *HostWatcher) *ShardSet {
 	s := &ShardSet{cli: cli, opts: opts, log: logger(opts.Logger), pool: pool, w: w,
-		hostsEnded: make(chan struct{}), ready: make(chan struct{}), member: announcement{reannounce: make(chan struct{}, 1)},
-		done: make(chan struct{}), idle: closedChan, workers: map[string]*shardWorker{},
+		starting: shardStart{hostsEnded: make(chan struct{}), ready: make(chan struct{})}, member: announcement{reannounce: make(chan struct{}, 1)},
+		ending: shardEnding{done: make(chan struct{})}, drain: drainState{idle: closedChan}, workers: map[string]*shardWorker{},
 		view: shardView{moved: make(chan struct{}), hosts: map[string]bool{}, members: map[string]ShardMember{},
 			cands: map[string]map[string]candidate{}},
 		moves: moveBudget{waiting: map[string]bool{}}, hands: moveBudget{waiting: map[string]bool{}},
@@ -261,9 +277,9 @@ func (s *ShardSet) start(ctx context.Context) error {
 	go s.followHosts()
 	go s.followCandidates()
 	select {
-	case <-s.ready:
+	case <-s.starting.ready:
 		return nil
-	case <-s.hostsEnded:
+	case <-s.starting.hostsEnded:
 		// Our watcher's ctx has not ended: Err says why it did.
 		return s.w.Err()
 	case <-ctx.Done():
@@ -388,7 +404,7 @@ func (s *ShardSet) handOverLocked(w *shardWorker) {
 		s.hands.inFlight++
 	}
 	why := errBetterHost
-	if s.draining {
+	if s.drain.on {
 		why = errDraining
 	}
 	w.stopRun(why)
@@ -442,7 +458,7 @@ func (s *ShardSet) whyNotLocked() error {
 	if _, live := s.memberLocked(s.opts.Self); !live {
 		return errNotLive
 	}
-	if s.draining {
+	if s.drain.on {
 		return errDraining
 	}
 	return errNotRanked
@@ -451,7 +467,7 @@ func (s *ShardSet) whyNotLocked() error {
 // startLocked starts worker w.
 func (s *ShardSet) startLocked(w *shardWorker) {
 	if len(s.workers) == 0 {
-		s.idle = make(chan struct{})
+		s.drain.idle = make(chan struct{})
 	}
 	s.workers[w.name] = w
 	s.wg.Add(1)
@@ -464,7 +480,7 @@ func (s *ShardSet) forgetLocked(w *shardWorker) {
 	s.scopeLocked(w.name)
 	s.endMoveLocked(w)
 	if len(s.workers) == 0 {
-		close(s.idle)
+		close(s.drain.idle)
 	}
 }
 
@@ -507,7 +523,7 @@ func (s *ShardSet) reconcileAllLocked() {
 	if !s.view.hostsSynced || !s.view.candsListed {
 		return
 	}
-	s.readyOnce.Do(func() { close(s.ready) })
+	s.starting.once.Do(func() { close(s.starting.ready) })
 	s.reorderLocked()
 	for shard := range s.view.cands {
 		s.rank.ranked[shard] = s.rankedLocked(shard)
@@ -568,7 +584,7 @@ const hostBatch = 1024
 // live any more: every shard is let go, and a refusal ends the set.
 func (s *ShardSet) followHosts() {
 	defer s.wg.Done()
-	defer close(s.hostsEnded)
+	defer close(s.starting.hostsEnded)
 	synced := s.w.Synced()
 	for {
 		select {
@@ -739,11 +755,23 @@ func (s *ShardSet) acquire(w *shardWorker, e *Election, term context.Context) (c
 	// line behind etcd's writes (at a fleet's cold start, 1.5 s at the
 	// median). A member that lags by a few milliseconds delays a handoff
 	// to our watch, or costs a campaign.
-	s.catchUp(term, w.name, e.wonAt())
 	ctx, cancel := context.WithTimeout(term, s.opts.TTL/3)
 	defer cancel()
 	token := e.Token()
-	fresh, at := s.line(ctx, w.key, false)
+	// etcd's list is read while our view catches up: a round trip spared
+	// on every handoff.
+	type line struct {
+		cands map[string]candidate
+		at    int64
+	}
+	read := make(chan line, 1)
+	go func() {
+		cands, at := s.line(ctx, w.key, false)
+		read <- line{cands, at}
+	}()
+	s.catchUp(term, w.name, e.wonAt())
+	l := <-read
+	fresh, at := l.cands, l.at
 	s.mu.Lock()
 	unsure := s.unconfirmedLocked(w.name, token, fresh, at)
 	s.mu.Unlock()
@@ -868,13 +896,13 @@ func (s *ShardSet) Drain(ctx context.Context) error {
 		s.mu.Unlock()
 		return opErr(what, err)
 	}
-	if !s.draining {
-		s.draining = true
+	if !s.drain.on {
+		s.drain.on = true
 		s.log.Info("coord: shard set: draining")
 		s.askReannounceLocked()
 		s.reconcileAllLocked()
 	}
-	idle := s.idle
+	idle := s.drain.idle
 	s.mu.Unlock()
 	if !within(ctx, idle) {
 		return opErr(what, ctx.Err())
@@ -885,13 +913,13 @@ func (s *ShardSet) Drain(ctx context.Context) error {
 // Done returns a channel closed once the shard set has ended (Close, the
 // client closed, our registration gone, a refusal) and every Run has
 // returned.
-func (s *ShardSet) Done() <-chan struct{} { return s.done }
+func (s *ShardSet) Done() <-chan struct{} { return s.ending.done }
 
 // Err says why the shard set ended: nil while it lives and after Close;
 // ErrClientClosed, ErrHostGone, or etcd's refusal to let us watch.
 func (s *ShardSet) Err() error {
 	select {
-	case <-s.done:
+	case <-s.ending.done:
 	default:
 		return nil
 	}
@@ -914,11 +942,11 @@ func (s *ShardSet) Close() error {
 
 // end ends the shard set with cause, as Close says, once.
 func (s *ShardSet) end(cause error) {
-	s.endOnce.Do(func() {
+	s.ending.once.Do(func() {
 		s.stop(cause)
-		s.leases.Wait()
-		s.unclaim()
-		close(s.done)
+		s.ending.leases.Wait()
+		s.ending.unclaim()
+		close(s.ending.done)
 	})
 }
 

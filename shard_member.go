@@ -66,7 +66,7 @@ func (s *ShardSet) memberLocked(host string) (ShardMember, bool) {
 
 // selfLocked returns our member record as the others rank us.
 func (s *ShardSet) selfLocked() ShardMember {
-	return ShardMember{HostUUID: s.opts.Self, Weight: s.opts.Weight, Zone: s.opts.Zone, Draining: s.draining}
+	return ShardMember{HostUUID: s.opts.Self, Weight: s.opts.Weight, Zone: s.opts.Zone, Draining: s.drain.on}
 }
 
 // rankedLocked reports whether we are among shard's candidates, as its
@@ -194,9 +194,9 @@ func (s *ShardSet) announced(sess *session) {
 // lease), after last, the one before it if any.
 func (s *ShardSet) memberSession(ctx context.Context, last *session) (*session, error) {
 	if h := s.opts.Host; h != nil {
-		return startHostSession(ctx, s.ctx, h, last, s.log, &s.leases)
+		return startHostSession(ctx, s.ctx, h, last, s.log, &s.ending.leases)
 	}
-	return startSession(ctx, s.ctx, s.cli, s.opts.TTL, s.log, &s.leases)
+	return startSession(ctx, s.ctx, s.cli, s.opts.TTL, s.log, &s.ending.leases)
 }
 
 // keepAnnounced keeps our member key, on a session of its own, for as long

@@ -36,6 +36,22 @@ func (r *retry) next() time.Duration {
 	return r.d/2 + rand.N(r.d/2+1)
 }
 
+// relistSpread is the span over which the members of a fleet whose
+// watches broke at once list again (see relistPause).
+const relistSpread = time.Second
+
+// relistPause waits, before listing again after a watch broke, until etcd
+// answers a read of key (one key: the cheapest read that waits for a
+// leader), then for a share of relistSpread drawn at random. Watches break
+// together across a fleet (etcd replaced or restored, its quorum lost for
+// seconds: an etcd restart is not one, the client resumes the watches):
+// without the pause every member would list the moment etcd answers
+// again, all at once; with it, the listings are spread over relistSpread.
+func relistPause(ctx context.Context, cli *clientv3.Client, key string) {
+	_, _ = cli.Get(ctx, key)
+	sleep(ctx, rand.N(relistSpread))
+}
+
 // sleep waits for d or until ctx ends, reporting whether it waited fully.
 func sleep(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)

@@ -121,6 +121,7 @@ func (s *ShardSet) followCandidates() {
 		if !errors.Is(err, errEtcdReplaced) {
 			sleep(s.ctx, r.next())
 		}
+		relistPause(s.ctx, s.cli, s.opts.Prefix)
 	}
 }
 

@@ -210,8 +210,8 @@ func (w *HostWatcher) Err() error {
 	return w.err
 }
 
-// run lists, then watches, and lists again whenever the watch breaks; it
-// sends the queued events meanwhile.
+// run lists, then watches, and lists again whenever the watch breaks,
+// after a pause (see relistPause); it sends the queued events meanwhile.
 func (w *HostWatcher) run(ctx context.Context) {
 	defer close(w.done)
 	defer close(w.events)
@@ -222,7 +222,10 @@ func (w *HostWatcher) run(ctx context.Context) {
 	defer ccancel()
 	o := &outbox{unsynced: -1, synced: w.synced}
 	var r retry
-	for {
+	for first := true; ; first = false {
+		if !first {
+			relistPause(cctx, w.cli, w.prefix)
+		}
 		rev, ok := w.relist(ctx, cctx, o, &r)
 		w.follows(ok)
 		if !ok || !w.follow(ctx, cctx, o, rev, &r) {

@@ -85,11 +85,11 @@ type Config struct {
 	fleetPoolTTL     time.Duration // 9: TTL of the elections' sessions
 	fleetWindow      time.Duration // 9: how long renewals and CPU are counted
 
-	shardHosts      int // 10: hosts of the ShardSet fleet at the start (a join adds one)
-	shardCount      int // 10: shards
-	shardNaiveHosts int // 10b: the size at which the naive plan runs, next to coord; equal to
-	shardNaiveCount int // the above, one coord run serves both
-	shardRoll       int // 10: members restarted in turn, after a drain; 0: neither
+	shardHosts      int   // 10: hosts of the ShardSet fleet at the start (a join adds one)
+	shardCount      int   // 10: shards
+	shardNaiveHosts int   // 10b: the size at which the naive plan runs, next to coord; equal to
+	shardNaiveCount int   // the above, one coord run serves both
+	shardRoll       int   // 10: members restarted in turn, after a drain; 0: neither
 	scopeHosts      []int // 10c: the members of each fleet whose roll is measured
 	scopeCount      int   // 10c: shards
 

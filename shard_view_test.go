@@ -68,6 +68,16 @@ func shScope(shards, hosts []string, host string, replicas int) map[string]bool 
 	return in
 }
 
+// narrowed waits until set follows its scope, no longer the whole set.
+func narrowed(t *testing.T, set *ShardSet) {
+	t.Helper()
+	eventually(t, "the set following its scope", func() bool {
+		set.mu.Lock()
+		defer set.mu.Unlock()
+		return set.view.gen != nil && !set.view.gen.whole
+	})
+}
+
 // followed returns the shards whose candidates set follows, read.
 func followed(set *ShardSet) map[string]bool {
 	set.mu.Lock()
@@ -173,6 +183,7 @@ func TestShardScopeRead(t *testing.T) {
 	a, b, d := hs[0], hs[1], hs[2]
 	opts := ShardOptions{Shards: []string{x}, Replicas: 1}
 	shStartAll(t, l, []*shHost{a, b, c, d}, opts)
+	narrowed(t, c.set)
 	hold.start()
 	a.set.Close()
 	b.set.Close()

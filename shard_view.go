@@ -45,7 +45,7 @@ type shardView struct {
 	cands       map[string]map[string]candidate // by shard, by candidate key: of the shards we follow
 	hostsSynced bool
 	candsListed bool
-	narrowed    bool // whether the members have settled once: see narrowLocked
+	narrowed    bool      // whether the members have settled once: see narrowLocked
 	candsLost   time.Time // when a watch of the set broke, zero while they run
 	// gen is the view's life since the set was last listed, nil once
 	// a watch broke and until it is listed again; follows holds the
@@ -304,7 +304,9 @@ func (s *ShardSet) shardAtLocked(shard string) int64 {
 // followShard follows f's candidates in ctx, a part of g: it reads them
 // unless the listing did, then watches them from there. Its view of the
 // shard counts only while f is the shard's follow (not after a scope out,
-// nor after a listing). A watch that breaks ends g, to be listed again.
+// nor after a listing). A watch that breaks ends g, to be listed again
+// (a follow that ends, its ctx cancelled, gets no error: its channel
+// closes).
 func (s *ShardSet) followShard(ctx context.Context, g *viewGen, f *shardFollow) {
 	defer g.wg.Done()
 	key := s.opts.Prefix + f.shard + "/"
@@ -313,9 +315,8 @@ func (s *ShardSet) followShard(ctx context.Context, g *viewGen, f *shardFollow) 
 	s.mu.Unlock()
 	if from == 0 {
 		since := s.view.mark.at()
-		resp, err := s.cli.Get(ctx, key, clientv3.WithPrefix())
-		if err != nil {
-			broke(ctx, g, err)
+		resp := s.readShard(ctx, key)
+		if resp == nil {
 			return
 		}
 		s.heard(resp.Header, since)
@@ -334,7 +335,7 @@ func (s *ShardSet) followShard(ctx context.Context, g *viewGen, f *shardFollow) 
 	// From the revision read, not the next: see watchFrom.
 	for wr := range responses(ctx, s.cli.Watch(ctx, key, clientv3.WithPrefix(), clientv3.WithRev(from))) {
 		if err := wr.Err(); err != nil {
-			broke(ctx, g, err)
+			g.cancel(err) // a watch broken (compacted, no leader): list again
 			return
 		}
 		s.heard(wr.Header, nil)
@@ -349,11 +350,17 @@ func (s *ShardSet) followShard(ctx context.Context, g *viewGen, f *shardFollow) 
 	}
 }
 
-// broke ends g with err, the error of a follow in ctx, unless ctx ended
-// first: the shard left our scope, or g ended already.
-func broke(ctx context.Context, g *viewGen, err error) {
-	if ctx.Err() == nil {
-		g.cancel(err)
+// readShard reads the keys under key until etcd answers, or returns nil
+// once ctx ends (out of scope, or the view ended).
+func (s *ShardSet) readShard(ctx context.Context, key string) *clientv3.GetResponse {
+	for r := (retry{}); ; {
+		resp, err := s.cli.Get(ctx, key, clientv3.WithPrefix())
+		if err == nil {
+			return resp
+		}
+		if !sleep(ctx, r.next()) {
+			return nil
+		}
 	}
 }
 

@@ -208,3 +208,49 @@ func TestShardScopeRead(t *testing.T) {
 	c.set.Close()
 	shSettle(t, l, []string{x}, []*shHost{d}, []*shHost{a, b, c, d})
 }
+
+// A shard's watch that breaks alone (here: started at a revision
+// compacted meanwhile) ends the view, which is listed again: the member
+// takes the shard all the same.
+func TestShardScopeWatchBroken(t *testing.T) {
+	srv, l, _, _ := shFleet(t, 0, 0)
+	ids := shIDs(4)
+	var x string
+	for _, s := range shNames(5000) {
+		if slices.Equal(shRank(s, ids), ids) {
+			x = s
+			break
+		}
+	}
+	hold := newCreateHold(ShardsPrefix + x + "/")
+	hs := shRegister(t, srv, ids[0], ids[1], ids[3])
+	tap, logger := newLogTap()
+	cfg := srv.ClientConfig()
+	cfg.DialOptions = append(cfg.DialOptions, grpc.WithChainStreamInterceptor(hold.stream))
+	cli, err := clientv3.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	c := &shHost{id: ids[2], cli: cli, live: register(t, cli, ids[2], LivenessOptions{TTL: time.Second * scale})}
+	a, b, d := hs[0], hs[1], hs[2]
+	opts := ShardOptions{Shards: []string{x}, Replicas: 1}
+	shStartAll(t, l, []*shHost{a, b, d}, opts)
+	opts.Logger = logger
+	c.start(t, l, opts)
+	narrowed(t, c.set)
+	hold.armed.Store(true)
+	// c comes to rank first for x: it reads x, and its watch of x, held,
+	// starts at a revision compacted before it reaches etcd.
+	a.set.Close()
+	b.set.Close()
+	waitClosed(t, hold.held, "c's watch of x")
+	ctx := testCtx(t)
+	if _, err := srv.Client().Put(ctx, "/elsewhere/k", ""); err != nil {
+		t.Fatal(err)
+	}
+	srv.Compact(ctx)
+	close(hold.release)
+	eventually(t, "c saying its watch broke", func() bool { return tap.count("coord: shard set: candidate watch broke, listing again") > 0 })
+	shSettle(t, l, []string{x}, []*shHost{c, d}, []*shHost{a, b, c, d})
+}

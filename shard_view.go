@@ -18,12 +18,7 @@ import (
 // How a member follows the set in etcd: it lists the whole set once (the
 // members and every shard's candidates, in pages), then watches the
 // members, and the candidates of only the shards it follows (its scope:
-// see scopedLocked), each from the revision it was read at. A member
-// that starts watches the whole set at first, until the members have
-// settled (none joined for Settle), then lists it again and follows its
-// scope from then on: while a fleet starts, each member's scope is most
-// of the shards, and shrinks with each member that joins; a watch per
-// shard of it would come and go by the thousand. A shard that
+// see scopedLocked), each from the revision it was read at. A shard that
 // comes into scope is read, then watched; one that leaves it is no longer
 // watched, and forgotten. So a member receives the events of the shards
 // it may take part in, not of the whole set: its cost falls as the fleet
@@ -45,7 +40,6 @@ type shardView struct {
 	cands       map[string]map[string]candidate // by shard, by candidate key: of the shards we follow
 	hostsSynced bool
 	candsListed bool
-	narrowed    bool      // whether the members have settled once: see narrowLocked
 	candsLost   time.Time // when a watch of the set broke, zero while they run
 	// gen is the view's life since the set was last listed, nil once
 	// a watch broke and until it is listed again; follows holds the
@@ -68,10 +62,6 @@ type shardView struct {
 type viewGen struct {
 	ctx    context.Context
 	cancel context.CancelCauseFunc
-	// whole is whether it watches the whole set (see narrowLocked);
-	// narrow is its timer to stop doing so.
-	whole  bool
-	narrow *time.Timer
 	// listed is the listing's revision, until the first scoping after
 	// it, which follows the shards in scope from there (0 after: a shard
 	// that comes into scope later is read first).
@@ -95,12 +85,8 @@ type shardFollow struct {
 // write to etcd, for good on a quiet etcd. One that starts at the read's
 // catches up within one of etcd's syncs of its watches (every 100 ms).
 
-// errViewEnded ends a view's watches: it is listed again; errNarrowed
-// ends a view of the whole set, to follow our scope from a listing again.
-var (
-	errViewEnded = errors.New("the set is listed again")
-	errNarrowed  = errors.New("the members have settled: following our scope")
-)
+// errViewEnded ends a view's watches: it is listed again.
+var errViewEnded = errors.New("the set is listed again")
 
 // shardListPage is how many keys of the set (members and candidates, each
 // some 100 bytes in etcd's response) a page of its listing holds.
@@ -124,17 +110,11 @@ func (s *ShardSet) followCandidates() {
 			s.mu.Lock()
 			g.cancel(errViewEnded)
 			s.view.gen = nil // no follow starts after: see scopeLocked
-			if g.narrow != nil {
-				g.narrow.Stop()
-			}
 			s.mu.Unlock()
 			g.wg.Wait()
 		}
 		if s.ctx.Err() != nil {
 			return
-		}
-		if errors.Is(err, errNarrowed) {
-			continue
 		}
 		s.candidatesLost()
 		s.log.Info("coord: shard set: candidate watch broke, listing again", "err", err)
@@ -162,10 +142,6 @@ func (s *ShardSet) listedLocked(resp *clientv3.GetResponse, since *markAt, g *vi
 	}
 	s.view.replaced.clear()
 	s.view.gen, s.view.follows = g, map[string]*shardFollow{}
-	if !s.view.narrowed {
-		g.whole = true
-		s.narrowLocked(g)
-	}
 	// Our member key may have gone while we were not watching: it is put
 	// again, whether or not it did.
 	s.askReannounceLocked()
@@ -175,33 +151,9 @@ func (s *ShardSet) listedLocked(resp *clientv3.GetResponse, since *markAt, g *vi
 	s.viewAtLocked(resp.Header.Revision)
 }
 
-// narrowLocked has g, a view of the whole set, end once the members have
-// settled and we are ready: none joined for Settle. A member's first
-// listing has every member join; so does each one that starts after.
-func (s *ShardSet) narrowLocked(g *viewGen) {
-	wait := s.opts.Settle - time.Since(s.settle.joined)
-	if !s.view.hostsSynced || !s.view.candsListed || s.settle.joined.IsZero() {
-		wait = s.opts.Settle
-	}
-	if wait <= 0 {
-		s.log.Debug("coord: shard set: the members have settled, following our scope")
-		s.view.narrowed = true
-		g.cancel(errNarrowed)
-		return
-	}
-	g.narrow = time.AfterFunc(wait, func() {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if s.view.gen == g {
-			s.narrowLocked(g)
-		}
-	})
-}
-
 // watchMembers applies the members' changes from rev, the listing's, on
-// (see watchFrom), and with a view of the whole set every shard's
-// candidates', until a watch of g breaks (its error), g ends (its cause),
-// or the shard set ends (nil).
+// (see watchFrom), until a watch of g breaks (its error) or the shard set
+// ends (nil).
 func (s *ShardSet) watchMembers(g *viewGen, rev int64, r *retry) error {
 	go func() {
 		select {
@@ -214,9 +166,6 @@ func (s *ShardSet) watchMembers(g *viewGen, rev int64, r *retry) error {
 		}
 	}()
 	key, ctx := memberKey(s.opts.Prefix, ""), s.viewCtx(g.ctx, viewMembers)
-	if g.whole {
-		key = s.opts.Prefix
-	}
 	for wr := range responses(ctx, s.cli.Watch(ctx, key, clientv3.WithPrefix(), clientv3.WithRev(rev))) {
 		if err := wr.Err(); err != nil {
 			return err
@@ -225,22 +174,13 @@ func (s *ShardSet) watchMembers(g *viewGen, rev int64, r *retry) error {
 		s.heard(wr.Header, nil)
 		s.mu.Lock()
 		s.viewAtLocked(wr.Header.Revision)
-		// The members first, then each shard whose candidates changed:
-		// a member event need not change any ranking (a key put again
-		// unchanged), so the refresh may reconcile none of them.
-		members, shards := false, map[string]bool{}
 		for _, ev := range wr.Events {
-			if shard := s.noteLocked(ev.Kv, ev.Type == mvccpb.DELETE); shard != "" {
-				shards[shard] = true
-			} else {
-				members = true
-			}
+			s.noteLocked(ev.Kv, ev.Type == mvccpb.DELETE)
 		}
-		if members {
+		// A member event need not change any ranking (a key put again
+		// unchanged): the refresh then reconciles no shard.
+		if len(wr.Events) > 0 {
 			s.refreshLocked()
-		}
-		for shard := range shards {
-			s.reconcileLocked(shard)
 		}
 		s.mu.Unlock()
 	}
@@ -266,7 +206,7 @@ func (s *ShardSet) scopedLocked(shard string) bool {
 func (s *ShardSet) scopeLocked(shard string) {
 	g, f := s.view.gen, s.view.follows[shard]
 	switch in := s.scopedLocked(shard); {
-	case g == nil || g.whole:
+	case g == nil:
 	case in && f == nil:
 		f = &shardFollow{shard: shard, at: g.listed}
 		ctx, stop := context.WithCancel(s.viewCtx(g.ctx, viewShards))
@@ -283,22 +223,11 @@ func (s *ShardSet) scopeLocked(shard string) {
 	}
 }
 
-// followedLocked reports whether shard's candidates are known: we watch
-// the whole set, or follow the shard and it has been read.
+// followedLocked reports whether shard's candidates are known: we follow
+// it, and it has been read.
 func (s *ShardSet) followedLocked(shard string) bool {
-	return s.shardAtLocked(shard) != 0
-}
-
-// shardAtLocked returns the revision our view of shard's candidates has
-// reached: 0 if they are not known.
-func (s *ShardSet) shardAtLocked(shard string) int64 {
-	if g := s.view.gen; g != nil && g.whole {
-		return s.view.rev
-	}
-	if f := s.view.follows[shard]; f != nil {
-		return f.at
-	}
-	return 0
+	f := s.view.follows[shard]
+	return f != nil && f.at != 0
 }
 
 // followShard follows f's candidates in ctx, a part of g: it reads them
@@ -328,7 +257,7 @@ func (s *ShardSet) followShard(ctx context.Context, g *viewGen, f *shardFollow) 
 				cands[string(kv.Key)] = candidate{host: string(kv.Value), rev: kv.CreateRevision}
 			}
 			s.view.cands[f.shard] = cands
-			s.followAtLocked(f, from)
+			s.shardAtLocked(f, from)
 		}
 		s.mu.Unlock()
 	}
@@ -344,7 +273,7 @@ func (s *ShardSet) followShard(ctx context.Context, g *viewGen, f *shardFollow) 
 			for _, ev := range wr.Events {
 				s.noteLocked(ev.Kv, ev.Type == mvccpb.DELETE)
 			}
-			s.followAtLocked(f, wr.Header.Revision)
+			s.shardAtLocked(f, wr.Header.Revision)
 		}
 		s.mu.Unlock()
 	}
@@ -364,9 +293,9 @@ func (s *ShardSet) readShard(ctx context.Context, key string) *clientv3.GetRespo
 	}
 }
 
-// followAtLocked records that f's view of its shard has reached revision
+// shardAtLocked records that f's view of its shard has reached revision
 // rev, and reconciles the shard.
-func (s *ShardSet) followAtLocked(f *shardFollow, rev int64) {
+func (s *ShardSet) shardAtLocked(f *shardFollow, rev int64) {
 	if rev > f.at {
 		f.at = rev
 		close(s.view.moved)
@@ -443,7 +372,10 @@ func (s *ShardSet) catchUp(ctx context.Context, shard string, rev int64) {
 	)
 	for ctx.Err() == nil {
 		s.mu.Lock()
-		members, at, moved := s.view.rev, s.shardAtLocked(shard), s.view.moved
+		members, at, moved := s.view.rev, int64(0), s.view.moved
+		if f := s.view.follows[shard]; f != nil {
+			at = f.at
+		}
 		s.mu.Unlock()
 		if members >= rev && at >= rev {
 			return
@@ -470,14 +402,13 @@ func (s *ShardSet) catchUp(ctx context.Context, shard string, rev int64) {
 	}
 }
 
-// noteLocked records a member or candidate key put or deleted, and
-// returns the candidate's shard ("" for a member); keys that are neither
-// members nor candidates of our shards are skipped.
-func (s *ShardSet) noteLocked(kv *mvccpb.KeyValue, deleted bool) string {
+// noteLocked records a member or candidate key put or deleted; keys that
+// are neither members nor candidates of our shards are skipped.
+func (s *ShardSet) noteLocked(kv *mvccpb.KeyValue, deleted bool) {
 	shard, lease, ok := strings.Cut(strings.TrimPrefix(string(kv.Key), s.opts.Prefix), "/")
 	if shard == ShardMemberSegment && ok {
 		s.noteMemberLocked(kv, lease, deleted)
-		return ""
+		return
 	}
 	cands, known := s.view.cands[shard]
 	switch {
@@ -487,7 +418,6 @@ func (s *ShardSet) noteLocked(kv *mvccpb.KeyValue, deleted bool) string {
 	default:
 		cands[string(kv.Key)] = candidate{host: string(kv.Value), rev: kv.CreateRevision}
 	}
-	return shard
 }
 
 // noteMemberLocked records host's member key put or deleted; ours, deleted

@@ -68,16 +68,6 @@ func shScope(shards, hosts []string, host string, replicas int) map[string]bool 
 	return in
 }
 
-// narrowed waits until set follows its scope, no longer the whole set.
-func narrowed(t *testing.T, set *ShardSet) {
-	t.Helper()
-	eventually(t, "the set following its scope", func() bool {
-		set.mu.Lock()
-		defer set.mu.Unlock()
-		return set.view.gen != nil && !set.view.gen.whole
-	})
-}
-
 // followed returns the shards whose candidates set follows, read.
 func followed(set *ShardSet) map[string]bool {
 	set.mu.Lock()
@@ -92,6 +82,7 @@ func followed(set *ShardSet) map[string]bool {
 }
 
 func TestShardScopedWatches(t *testing.T) {
+	t.Parallel() // bound by waits: see "Parallel tests" in helpers_test.go
 	const replicas = 1
 	srv, l, shards, _ := shFleet(t, 60, 0)
 	ids := shIDs(6)
@@ -164,6 +155,7 @@ func TestShardScopedWatches(t *testing.T) {
 // decided on it: while the read is held, the member does not campaign for
 // it, though it ranks first; a read cut short by Close ends nothing else.
 func TestShardScopeRead(t *testing.T) {
+	t.Parallel() // bound by waits: see "Parallel tests" in helpers_test.go
 	srv, l, _, _ := shFleet(t, 0, 0)
 	ids := shIDs(4)
 	var x string
@@ -183,7 +175,6 @@ func TestShardScopeRead(t *testing.T) {
 	a, b, d := hs[0], hs[1], hs[2]
 	opts := ShardOptions{Shards: []string{x}, Replicas: 1}
 	shStartAll(t, l, []*shHost{a, b, c, d}, opts)
-	narrowed(t, c.set)
 	hold.start()
 	a.set.Close()
 	b.set.Close()
@@ -213,6 +204,7 @@ func TestShardScopeRead(t *testing.T) {
 // compacted meanwhile) ends the view, which is listed again: the member
 // takes the shard all the same.
 func TestShardScopeWatchBroken(t *testing.T) {
+	t.Parallel() // bound by waits: see "Parallel tests" in helpers_test.go
 	srv, l, _, _ := shFleet(t, 0, 0)
 	ids := shIDs(4)
 	var x string
@@ -238,7 +230,6 @@ func TestShardScopeWatchBroken(t *testing.T) {
 	shStartAll(t, l, []*shHost{a, b, d}, opts)
 	opts.Logger = logger
 	c.start(t, l, opts)
-	narrowed(t, c.set)
 	hold.armed.Store(true)
 	// c comes to rank first for x: it reads x, and its watch of x, held,
 	// starts at a revision compacted before it reaches etcd.

@@ -158,13 +158,7 @@ func TestShardScopeRead(t *testing.T) {
 	t.Parallel() // bound by waits: see "Parallel tests" in helpers_test.go
 	srv, l, _, _ := shFleet(t, 0, 0)
 	ids := shIDs(4)
-	var x string
-	for _, s := range shNames(5000) {
-		if slices.Equal(shRank(s, ids), ids) {
-			x = s
-			break
-		}
-	}
+	x := shRankedAs(ids...)
 	hold := newReqHold(func(req any) bool {
 		r, ok := req.(*pb.RangeRequest)
 		return ok && string(r.Key) == ShardsPrefix+x+"/"
@@ -207,13 +201,7 @@ func TestShardScopeWatchBroken(t *testing.T) {
 	t.Parallel() // bound by waits: see "Parallel tests" in helpers_test.go
 	srv, l, _, _ := shFleet(t, 0, 0)
 	ids := shIDs(4)
-	var x string
-	for _, s := range shNames(5000) {
-		if slices.Equal(shRank(s, ids), ids) {
-			x = s
-			break
-		}
-	}
+	x := shRankedAs(ids...)
 	hold := newCreateHold(ShardsPrefix + x + "/")
 	hs := shRegister(t, srv, ids[0], ids[1], ids[3])
 	tap, logger := newLogTap()

@@ -215,16 +215,21 @@ func (f *benchShardFleet) scope(ctx context.Context, hosts []*benchShardHost, id
 	for _, ev := range evs {
 		r.allBytes += int64(proto.Size(ev))
 	}
-	for _, h := range hosts {
-		need := 0
-		for _, ev := range evs {
-			key := string(ev.Kv.Key)
+	need := map[string]int{} // by host
+	for _, ev := range evs {
+		key := string(ev.Kv.Key)
+		needed := ids // a member's key: every member follows the members
+		if !strings.HasPrefix(key, members) {
 			shard, _, _ := strings.Cut(strings.TrimPrefix(key, set), "/")
 			ranked := coord.RankHosts(shard, ids)
-			if strings.HasPrefix(key, members) || slices.Contains(ranked[:min(len(ranked), coord.DefaultShardReplicas+1)], h.id) {
-				need++
-			}
+			needed = ranked[:min(len(ranked), coord.DefaultShardReplicas+1)]
 		}
+		for _, id := range needed {
+			need[id]++
+		}
+	}
+	for _, h := range hosts {
+		need := need[h.id]
 		got := int(counts[h.id][0] - counts0[h.id][0])
 		r.got, r.need, r.gotBytes = r.got+got, r.need+need, r.gotBytes+counts[h.id][1]-counts0[h.id][1]
 		r.worst = max(r.worst, float64(got)/float64(max(need, 1)))

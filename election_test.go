@@ -1461,6 +1461,7 @@ func TestElectionBrokenWatch(t *testing.T) {
 }
 
 func TestElectionPermissionDenied(t *testing.T) {
+	t.Parallel()
 	t.Run("A candidate that may not read the election fails, leaves no key, and Observe retries", func(t *testing.T) {
 		srv, _ := newEtcd(t)
 		ctx := testCtx(t)

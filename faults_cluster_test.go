@@ -22,6 +22,7 @@ import (
 // hostile input. FAULTS.md lists them with the figures measured.
 
 func TestFaultEtcdRestart(t *testing.T) {
+	t.Parallel()
 	t.Run("after etcd is down past the TTL, registrations hold again within a TTL, watchers emit exactly the differences and a leader that stepped down wins again", func(t *testing.T) {
 		// Registrations get 2s: etcd renews every lease as it takes office,
 		// before it serves clients; loaded, it may take over a second to

@@ -23,16 +23,16 @@ import (
 // waits on events; nothing sleeps for a fixed time.
 var scale = testenv.Scale()
 
-// Parallel tests: the tests of the package bound by waits (each over 4 s
+// Parallel tests: the tests of the package bound by waits (each over 2 s
 // under emulation: the step-down shapes, the models, the shard handovers,
-// the elections' and the watchers' longer ones) call t.Parallel, so they
-// run after the others, two at a time (go test's -parallel is GOMAXPROCS;
-// .ci/cross gives 4 under emulation), while their etcd leases run out.
-// Each has its own etcd and clients, and none reads the log or signals of
-// another; the rest of the suite stays sequential, so a test that counts
-// goroutines (goleak.VerifyNone) sees only its own, and the tests that
-// stop etcd or a cluster's members (faults_cluster_test.go) are not slowed
-// by the others.
+// the elections' and the watchers' longer ones, an etcd's restart) call
+// t.Parallel, so they run after the others, GOMAXPROCS at a time (go
+// test's -parallel; .ci/cross gives 6 under emulation), while their etcd
+// leases run out. Each has its own etcd and clients, and none reads the
+// log or signals of another; the rest of the suite stays sequential, so a
+// test that counts goroutines (goleak.VerifyNone) sees only its own, and
+// the tests that stop a cluster's members and time its elections
+// (faults_cluster_test.go, faults_test.go) are not slowed by the others.
 
 // patience bounds any single wait of a test.
 func patience() time.Duration { return 15 * time.Second * scale }

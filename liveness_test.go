@@ -21,6 +21,7 @@ import (
 )
 
 func TestRegisterHostLiveness(t *testing.T) {
+	t.Parallel()
 	t.Run("writes the metadata under the lease at the default prefix", func(t *testing.T) {
 		_, cli := newEtcd(t)
 		ctx := testCtx(t)
@@ -645,6 +646,7 @@ func TestHostLivenessCopiesMetadata(t *testing.T) {
 }
 
 func TestHostLivenessStopWithinCtx(t *testing.T) {
+	t.Parallel()
 	t.Run("while a heal is stuck revoking on an unreachable etcd, the cleanup going on after", func(t *testing.T) {
 		srv, cli := newEtcd(t)
 		p := srv.NewProxy(t)
@@ -684,6 +686,7 @@ func TestHostLivenessStopWithinCtx(t *testing.T) {
 }
 
 func TestHostLivenessWaitOut(t *testing.T) {
+	t.Parallel()
 	// holder writes the key under a lease of its own that nobody renews,
 	// as a crashed host leaves it.
 	holder := func(t *testing.T, cli *clientv3.Client, ttl time.Duration) clientv3.LeaseID {

@@ -498,6 +498,7 @@ func TestHostWatcherSnapshot(t *testing.T) {
 
 // TestHostWatcherEvents covers what each change of etcd is reported as.
 func TestHostWatcherEvents(t *testing.T) {
+	t.Parallel()
 	t.Run("delivers live changes with Synthetic false and the etcd revision", func(t *testing.T) {
 		_, cli, ctx, prefix, w := wtSyncedEtcd(t)
 		lease := wtGrant(t, cli)
@@ -775,6 +776,7 @@ func TestHostWatcherEvents(t *testing.T) {
 // TestHostWatcherFaults covers compaction, a consumer falling behind, an etcd
 // restart and unreadable answers.
 func TestHostWatcherFaults(t *testing.T) {
+	t.Parallel()
 	t.Run("after a compaction resyncs and emits only the differences", func(t *testing.T) {
 		srv, cli := newEtcd(t)
 		ctx, prefix := testCtx(t), prefixFor(t)

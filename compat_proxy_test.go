@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/go-coord/coord/coordtest"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // TestCompatGRPCProxy: the deployment of docs/fleet.md on every etcd
@@ -19,6 +20,7 @@ func TestCompatGRPCProxy(t *testing.T) {
 		test func(*testing.T)
 	}{
 		{"watchers", testCompatProxyWatchers}, // through the proxy, leases direct
+		{"shardset", testCompatProxyShardSet}, // its host watch through the proxy
 		{"lease", testCompatProxyLease},       // through the proxy: outlives its client
 	} {
 		t.Run(p.name, func(t *testing.T) {
@@ -92,6 +94,17 @@ func testCompatProxyWatchers(t *testing.T) {
 	fcQuiet(t, cli, HostsPrefix, rs...)
 	compatFigures(t, "grpc-proxy/watchers", "watchers", len(rs), "ttl", ttl, "crash→down", crashTook,
 		"restart→caught-up", restartTook)
+}
+
+// testCompatProxyShardSet: testCompatShardSet with each member's host
+// watch through the proxy (ShardOptions.WatchClient), its leases, reads
+// and other watches straight to etcd: the shards spread as ranked, a
+// crashed member's move to the next in rank within the same bound, and the
+// fenced writes never overlap.
+func testCompatProxyShardSet(t *testing.T) {
+	e := compatEtcd(t)
+	g := coordtest.NewGRPCProxy(t, e)
+	compatShardSet(t, e, "grpc-proxy/shardset", func(tb testing.TB) *clientv3.Client { return g.NewClient(tb) })
 }
 
 // compatMarks returns how many events each recorder holds now.

@@ -388,7 +388,12 @@ func testCompatPool(t *testing.T) {
 // a member crashes its shards move to the next in rank; the fenced writes
 // of the Runs never overlap.
 func testCompatShardSet(t *testing.T) {
-	e := compatEtcd(t)
+	compatShardSet(t, compatEtcd(t), "shardset", nil)
+}
+
+// compatShardSet is testCompatShardSet on e, each member's host watch on
+// a client of watches' if set; it reports the figures as promise.
+func compatShardSet(t *testing.T, e coordtest.Etcd, promise string, watches func(testing.TB) *clientv3.Client) {
 	cli, ttl := e.Client(), compatTTL()
 	l, shards := newShLedger(), shNames(8)
 	var hosts []*shHost
@@ -400,6 +405,9 @@ func testCompatShardSet(t *testing.T) {
 	for _, h := range hosts {
 		o := opts
 		o.Run = l.writer(h.cli, h.id)
+		if watches != nil {
+			o.WatchClient = watches(t)
+		}
 		h.start(t, l, o)
 	}
 	owners := shSettle(t, l, shards, hosts, hosts)
@@ -432,7 +440,7 @@ func testCompatShardSet(t *testing.T) {
 		t.Errorf("%d handoffs in the writes, want at least the %d shards moved", handoffs, len(moved))
 	}
 	compatWithin(t, "handoff after a crash", settled, 2*ttl)
-	compatFigures(t, "shardset", "shards", len(shards), "members", len(hosts), "moved", len(moved),
+	compatFigures(t, promise, "shards", len(shards), "members", len(hosts), "moved", len(moved),
 		"crash→reowned", settled, "writes", len(l.acked()), "overlaps", overlaps)
 }
 

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // Defaults, in one place. Every options struct's zero value takes these.
@@ -216,6 +218,17 @@ type ShardOptions struct {
 	Prefix string
 	// HostPrefix under which the hosts register; default HostsPrefix.
 	HostPrefix string
+	// WatchClient, if set, is the client of the set's watch of the
+	// hosts (the live hosts it ranks): a client of etcd's gRPC proxy in a
+	// fleet wider than one etcd's fan-out, where the host watches of every
+	// member behind the proxy share one watch of etcd (docs/fleet.md).
+	// nil: the set's own client. The watches of the members and of the
+	// shards' candidates, the reads, the writes and the leases stay on the
+	// set's client: a won shard runs only once those watches have reached
+	// the revision it was won at, which takes etcd's progress
+	// notifications, and a proxy does not answer a request for them.
+	// Closing WatchClient ends the set, as closing the set's client does.
+	WatchClient *clientv3.Client
 	// Replicas is how many members campaign for each shard: the owner and
 	// its standbys. 0 means DefaultShardReplicas; negative is an error.
 	Replicas int

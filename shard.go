@@ -1,6 +1,7 @@
 package coord
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -165,8 +166,8 @@ var (
 // NewShardSet starts taking part in the shards of opts: it announces us as
 // a member, and returns once it knows the live hosts, the members and the
 // shards' candidates, within ctx, which bounds that only. The shard set
-// lives until Close, until the client is closed, or until our
-// registration (opts.Host) ends. It checks its options: a nil client is
+// lives until Close, until the client (or WatchClient) is closed, or until
+// our registration (opts.Host) ends. It checks its options: a nil client is
 // ErrNilClient; missing or invalid Shards, Host, Self, Run, Replicas,
 // Weight or MaxMoves ErrInvalidShards; a bad prefix ErrInvalidKey; a bad
 // TTL ErrInvalidTTL; a negative KeysPerSession ErrInvalidKeysPerSession.
@@ -194,7 +195,7 @@ func NewShardSet(ctx context.Context, cli *clientv3.Client, opts ShardOptions) (
 	// The watcher tells when etcd was replaced: the members and
 	// candidates are listed again too.
 	replaced := newReplacedNote()
-	w, err := NewHostWatcher(context.Background(), cli, WatcherOptions{Prefix: opts.HostPrefix,
+	w, err := NewHostWatcher(context.Background(), cmp.Or(opts.WatchClient, cli), WatcherOptions{Prefix: opts.HostPrefix,
 		UnhealthyAfter: opts.TTL, Logger: opts.Logger, OnSignal: func(sig Signal) {
 			if sig.Kind == SignalEtcdReplaced {
 				replaced.set(sig.Err)

@@ -29,6 +29,7 @@ func TestShardMembers(t *testing.T) {
 	t.Run("a member that may not announce itself retries until it may", testShardAnnounceRefused)
 	t.Run("Drain with nobody to hand over to keeps every shard, and returns at its ctx", testShardDrainAlone)
 	t.Run("the client closed: Done closes and Err is ErrClientClosed", testShardClientClosed)
+	t.Run("WatchClient carries the host watch: the hosts are ranked through it, and closing it ends the set", testShardWatchClient)
 	t.Run("Run is called only for shards we rank for: decisions on complete views", testShardCompleteViews)
 	t.Run("a member key put again and a better-ranked candidacy in one watch response hand the shard over", testShardMemberAndCandidateBatch)
 	t.Run("a drain hands over at most MaxMoves shards at once, though each has a standby in line", testShardDrainMaxMoves)
@@ -430,6 +431,22 @@ func testShardClientClosed(t *testing.T) {
 	if !errors.Is(h.set.Err(), ErrClientClosed) {
 		t.Fatalf("Err after Close: %v, want ErrClientClosed still", h.set.Err())
 	}
+}
+
+func testShardWatchClient(t *testing.T) {
+	srv, l, shards, hosts := shFleet(t, 8, 2)
+	wcli := srv.NewClient(t)
+	a := hosts[0].start(t, l, ShardOptions{Shards: shards, WatchClient: wcli})
+	b := hosts[1].start(t, l, ShardOptions{Shards: shards})
+	// a sees b live only through wcli's host watch: every shard goes to
+	// the member it ranks first among both.
+	shSettle(t, l, shards, hosts, hosts)
+	wcli.Close()
+	waitClosed(t, a.set.Done(), "Done after WatchClient closed")
+	if !errors.Is(a.set.Err(), ErrClientClosed) || len(a.set.Owned()) != 0 {
+		t.Fatalf("Err %v, Owned %v; want ErrClientClosed, nothing", a.set.Err(), a.set.Owned())
+	}
+	l.until(t, "b owns every shard", func() bool { return len(b.set.Owned()) == len(shards) })
 }
 
 func testShardCompleteViews(t *testing.T) {

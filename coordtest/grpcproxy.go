@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"net"
 	"net/url"
 	"os"
@@ -15,13 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-coord/coord/internal/etcdproxy"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/etcdserver/api/v3election/v3electionpb"
-	"go.etcd.io/etcd/server/v3/etcdserver/api/v3lock/v3lockpb"
-	"go.etcd.io/etcd/server/v3/proxy/grpcproxy"
-	"go.uber.org/zap"
-	"google.golang.org/grpc"
 )
 
 // GRPCProxy is etcd's gRPC proxy, `etcd grpc-proxy start`, in front of an
@@ -324,37 +319,22 @@ func (g *GRPCProxy) startChild() (*proxyChild, error) {
 
 // proxyServer is a run of the gRPC proxy in the test process.
 type proxyServer struct {
-	cli    *clientv3.Client // the proxy's client of etcd
-	srv    *grpc.Server
-	served chan struct{} // closed once Serve has returned
-	// The ends of the watch and lease proxies: closed once every stream
-	// they served is through, after cli is closed.
-	ends []<-chan struct{}
-	t    testing.TB // told if stop cannot wait for the ends
+	*etcdproxy.Server
+	t testing.TB // told if stop cannot wait for the proxies' goroutines
 }
 
 // proxyStopTimeout bounds the wait for an in-process proxy's goroutines
 // to end once its server and client are closed; see proxyServer.stop.
 const proxyStopTimeout = 10 * time.Second
 
-func (s *proxyServer) exited() <-chan struct{} { return s.served }
+func (s *proxyServer) exited() <-chan struct{} { return s.Served() }
 
 // stop closes the server's listener and connections, its in-flight RPCs
 // cancelled (as a crash leaves them), then the proxy's client of etcd, and
 // waits for the proxies' goroutines. The wait is bounded as a safeguard.
 func (s *proxyServer) stop() {
-	s.srv.Stop() // returns once every handler has (WaitForHandlers)
-	<-s.served
-	_ = s.cli.Close()
-	deadline := time.NewTimer(proxyStopTimeout)
-	defer deadline.Stop()
-	for _, end := range s.ends {
-		select {
-		case <-end:
-		case <-deadline.C:
-			s.t.Errorf("coordtest: gRPC proxy: goroutines still running %v after being stopped", proxyStopTimeout)
-			return
-		}
+	if !s.Stop(proxyStopTimeout) {
+		s.t.Errorf("coordtest: gRPC proxy: goroutines still running %v after being stopped", proxyStopTimeout)
 	}
 }
 
@@ -368,36 +348,9 @@ func (g *GRPCProxy) startInProcess() (*proxyServer, error) {
 		}
 		return nil, fmt.Errorf("starting the gRPC proxy on %s: %w", g.Endpoint(), err)
 	}
-	cfg := clientConfig(g.target)
-	// As the binary's client: these take the place of the client's own
-	// (retrying) interceptors, so that a request is tried once, by its
-	// client, through the proxy.
-	cfg.DialOptions = append(cfg.DialOptions,
-		grpc.WithUnaryInterceptor(grpcproxy.AuthUnaryClientInterceptor),
-		grpc.WithStreamInterceptor(grpcproxy.AuthStreamClientInterceptor))
-	cli, err := clientv3.New(cfg)
+	srv, err := etcdproxy.Serve(ln, clientConfig(g.target), g.addr.Host)
 	if err != nil {
-		_ = ln.Close()
 		return nil, fmt.Errorf("starting the gRPC proxy on %s: %w", g.Endpoint(), err)
 	}
-	lg := zap.NewNop()
-	kv, _ := grpcproxy.NewKvProxy(cli)
-	watch, watchEnd := grpcproxy.NewWatchProxy(cli.Ctx(), lg, cli)
-	cluster, _ := grpcproxy.NewClusterProxy(lg, cli, g.addr.Host, "")
-	lease, leaseEnd := grpcproxy.NewLeaseProxy(cli.Ctx(), cli)
-	srv := grpc.NewServer(grpc.MaxConcurrentStreams(math.MaxUint32), grpc.WaitForHandlers(true))
-	pb.RegisterKVServer(srv, kv)
-	pb.RegisterWatchServer(srv, watch)
-	pb.RegisterClusterServer(srv, cluster)
-	pb.RegisterLeaseServer(srv, lease)
-	pb.RegisterMaintenanceServer(srv, grpcproxy.NewMaintenanceProxy(cli))
-	pb.RegisterAuthServer(srv, grpcproxy.NewAuthProxy(cli))
-	v3electionpb.RegisterElectionServer(srv, grpcproxy.NewElectionProxy(cli))
-	v3lockpb.RegisterLockServer(srv, grpcproxy.NewLockProxy(cli))
-	s := &proxyServer{cli: cli, srv: srv, served: make(chan struct{}), ends: []<-chan struct{}{watchEnd, leaseEnd}, t: g.t}
-	go func() {
-		defer close(s.served)
-		_ = srv.Serve(ln) // ends at stop
-	}()
-	return s, nil
+	return &proxyServer{Server: srv, t: g.t}, nil
 }

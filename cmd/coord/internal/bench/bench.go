@@ -99,6 +99,12 @@ type Config struct {
 	semChunk      time.Duration // 11: the sides take turns every chunk
 	semRounds     int           // 11b: releases per side
 	semSettle     time.Duration // 11b: pause between the waiter's queueing and the release
+
+	wideAgents  []int         // 12: the fleet sizes
+	wideShards  int           // 12: shards of the set a quarter of the agents are members of
+	wideUpdates int           // 12: host updates, the agents in turn
+	wideRate    int           // 12: updates per second
+	wideTTL     time.Duration // 12: TTL of the registrations (and the set's)
 }
 
 // Scenarios is the number of scenarios, the largest number Only takes.
@@ -129,6 +135,7 @@ func Full() Config {
 		scopeHosts: []int{8, 16, 32}, scopeCount: 1024,
 		semContenders: 16, semLimit: 4, semFor: 6 * time.Second, semChunk: 500 * time.Millisecond,
 		semRounds: 200, semSettle: 100 * time.Millisecond,
+		wideAgents: []int{100, 250, 500, 1000}, wideShards: 256, wideUpdates: 1000, wideRate: 100, wideTTL: 10 * time.Second,
 	}
 }
 
@@ -151,6 +158,7 @@ func Quick() Config {
 	c.shardNaiveCount, c.shardRoll = 128, 2
 	c.scopeHosts, c.scopeCount = []int{4, 8}, 64
 	c.semFor, c.semRounds = time.Second, 15
+	c.wideAgents, c.wideShards, c.wideUpdates, c.wideRate, c.wideTTL = []int{8, 16}, 16, 40, 40, 3*time.Second
 	return c
 }
 
@@ -172,6 +180,7 @@ var scenarios = [...]scenario{
 	{"fleet", benchFleet},
 	{"ShardSet", benchShards},
 	{"semaphore", benchSemaphore},
+	{"wide fleet", benchWide},
 }
 
 // Run runs the scenarios of cfg and prints the table on w. A scenario that

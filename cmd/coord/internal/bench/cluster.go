@@ -20,7 +20,10 @@ import (
 	"time"
 
 	"github.com/go-coord/coord/coordtest"
+	"github.com/go-coord/coord/internal/etcdproxy"
 	"github.com/go-coord/coord/internal/testenv"
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
 )
@@ -32,20 +35,25 @@ import (
 // told apart from the agents'.
 const benchClusterEnv = "COORD_BENCH_CLUSTER"
 
+// benchProxyEnv, when set, makes this binary run etcd's gRPC proxy in
+// front of the etcd at its value, and nothing else: scenario 12's proxy,
+// in a process of its own so that its CPU time is its own.
+const benchProxyEnv = "COORD_BENCH_PROXY"
+
 func init() {
 	if spec, ok := os.LookupEnv(benchClusterEnv); ok {
 		os.Exit(benchClusterChild(spec, os.Stdin, os.Stdout))
+	}
+	if target, ok := os.LookupEnv(benchProxyEnv); ok {
+		os.Exit(benchProxyChild(target, os.Stdin, os.Stdout))
 	}
 }
 
 // benchClusterChild runs the cluster described by spec. It prints
 // "ready <endpoints>" once every member serves (or "error <why>"), then
-// answers each "stat" line read from in with "stat <cpu ns> <rss bytes>
-// <peak rss bytes> 0" (0 where the platform cannot tell), and each "gc"
-// line the same way after a garbage collection that gives freed memory
-// back to the system, with the live heap in place of the 0. It returns
-// when in ends: the parent is done with it, or gone. Nothing is shut down
-// gracefully: the process exits, and the parent removes the data.
+// answers what benchChildStats answers. It returns when in ends: the
+// parent is done with it, or gone. Nothing is shut down gracefully: the
+// process exits, and the parent removes the data.
 func benchClusterChild(spec string, in io.Reader, out io.Writer) int {
 	n, dir, ok := strings.Cut(spec, ":")
 	members, err := strconv.Atoi(n)
@@ -59,6 +67,35 @@ func benchClusterChild(spec string, in io.Reader, out io.Writer) int {
 		return 1
 	}
 	fmt.Fprintf(out, "ready %s\n", strings.Join(endpoints, ","))
+	benchChildStats(in, out)
+	return 0
+}
+
+// benchProxyChild runs etcd's gRPC proxy in front of the etcd at target,
+// on a loopback port. It prints "ready <endpoint>" once it serves (or
+// "error <why>"), then answers what benchChildStats answers, until in ends.
+func benchProxyChild(target string, in io.Reader, out io.Writer) int {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err == nil {
+		cfg := clientv3.Config{Endpoints: []string{target}, DialTimeout: 10 * time.Second, Logger: zap.NewNop()}
+		_, err = etcdproxy.Serve(ln, cfg, ln.Addr().String())
+	}
+	if err != nil {
+		fmt.Fprintf(out, "error gRPC proxy: %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
+		return 1
+	}
+	fmt.Fprintf(out, "ready http://%s\n", ln.Addr())
+	benchChildStats(in, out)
+	return 0
+}
+
+// benchChildStats answers each "stat" line read from in with "stat <cpu
+// ns> <rss bytes> <peak rss bytes> 0 <sent bytes>" (0 where the platform
+// cannot tell; sent: the bytes etcd's gRPC server has sent to clients,
+// etcd_network_client_grpc_sent_bytes_total, 0 in a proxy), and each "gc"
+// line the same way after a garbage collection that gives freed memory
+// back to the system, with the live heap in place of the 0.
+func benchChildStats(in io.Reader, out io.Writer) {
 	sc := bufio.NewScanner(in)
 	for sc.Scan() {
 		var heap uint64
@@ -75,7 +112,18 @@ func benchClusterChild(spec string, in io.Reader, out io.Writer) int {
 		}
 		cpu, _ := benchProcessCPU()
 		rss, peak := benchProcessRSS()
-		fmt.Fprintf(out, "stat %d %d %d %d\n", cpu, rss, peak, heap)
+		fmt.Fprintf(out, "stat %d %d %d %d %d\n", cpu, rss, peak, heap, benchSentBytes())
+	}
+}
+
+// benchSentBytes returns etcd's count of the bytes its gRPC server sent to
+// clients, read from this process's Prometheus registry; 0 if none.
+func benchSentBytes() int64 {
+	families, _ := prometheus.DefaultGatherer.Gather()
+	for _, f := range families {
+		if f.GetName() == "etcd_network_client_grpc_sent_bytes_total" && len(f.GetMetric()) > 0 {
+			return int64(f.GetMetric()[0].GetCounter().GetValue())
+		}
 	}
 	return 0
 }
@@ -166,8 +214,8 @@ func benchFreePorts(n int) ([]int, error) {
 	return ports, nil
 }
 
-// benchCluster is an embedded etcd cluster in a child process of the
-// bench: its CPU time and memory are its own.
+// benchCluster is an embedded etcd cluster (or a gRPC proxy) in a child
+// process of the bench: its CPU time and memory are its own.
 type benchCluster struct {
 	endpoints []string
 	dir       string
@@ -183,6 +231,7 @@ type benchClusterStat struct {
 	cpu       time.Duration
 	rss, peak int64 // bytes; 0 where the platform cannot tell
 	heap      int64 // bytes of live heap, after a gc
+	sent      int64 // bytes etcd's gRPC server sent to its clients; 0 in a proxy
 }
 
 // start starts the child, command name with args and env.
@@ -203,17 +252,40 @@ func (c *benchCluster) start(env []string, name string, args ...string) (err err
 
 // startBenchCluster starts a cluster of n members in a child process (this
 // binary again, with benchClusterEnv set) and waits until it serves.
-func startBenchCluster(ctx context.Context, n int) (_ *benchCluster, err error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return nil, fmt.Errorf("bench: cluster: %w", err)
-	}
+func startBenchCluster(ctx context.Context, n int) (*benchCluster, error) {
 	dir, err := benchTempDir()
 	if err != nil {
 		return nil, fmt.Errorf("bench: cluster: %w", err)
 	}
+	c, err := startBenchChild(ctx, fmt.Sprintf("%s=%d:%s", benchClusterEnv, n, dir), dir)
+	if err != nil {
+		return nil, fmt.Errorf("bench: cluster of %d: %w", n, err)
+	}
+	return c, nil
+}
+
+// startBenchProxy starts etcd's gRPC proxy in front of target in a child
+// process (benchProxyEnv) and waits until it serves; its endpoints are
+// the proxy's.
+func startBenchProxy(ctx context.Context, target string) (*benchCluster, error) {
+	c, err := startBenchChild(ctx, benchProxyEnv+"="+target, "")
+	if err != nil {
+		return nil, fmt.Errorf("bench: gRPC proxy: %w", err)
+	}
+	return c, nil
+}
+
+// startBenchChild starts this binary again with setting added to its
+// environment, and waits for its "ready" line; dir, if set, is the
+// child's to remove once it has exited.
+func startBenchChild(ctx context.Context, setting, dir string) (_ *benchCluster, err error) {
+	exe, err := os.Executable()
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
 	c := &benchCluster{dir: dir, stderr: &benchTail{}, exited: make(chan struct{})}
-	env := append(os.Environ(), fmt.Sprintf("%s=%d:%s", benchClusterEnv, n, dir))
+	env := append(os.Environ(), setting)
 	err = c.start(env, exe)
 	if errors.Is(err, syscall.ENOEXEC) {
 		// Under user-mode emulation (how CI tests the other
@@ -226,7 +298,7 @@ func startBenchCluster(ctx context.Context, n int) (_ *benchCluster, err error) 
 	}
 	if err != nil {
 		_ = os.RemoveAll(dir)
-		return nil, fmt.Errorf("bench: cluster: %w", err)
+		return nil, err
 	}
 	go func() { _ = c.cmd.Wait(); close(c.exited) }()
 	defer func() {
@@ -253,7 +325,7 @@ func startBenchCluster(ctx context.Context, n int) (_ *benchCluster, err error) 
 		err = ctx.Err()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("bench: cluster of %d: %w%s", n, err, c.stderr.suffix())
+		return nil, fmt.Errorf("%w%s", err, c.stderr.suffix())
 	}
 	return c, nil
 }
@@ -269,14 +341,14 @@ func (c *benchCluster) ask(what string) (benchClusterStat, error) {
 		return benchClusterStat{}, fmt.Errorf("bench: cluster: %w%s", err, c.stderr.suffix())
 	}
 	line, err := c.out.ReadString('\n')
-	var cpu, rss, peak, heap int64
+	var cpu, rss, peak, heap, sent int64
 	if err == nil {
-		_, err = fmt.Sscanf(line, "stat %d %d %d %d", &cpu, &rss, &peak, &heap)
+		_, err = fmt.Sscanf(line, "stat %d %d %d %d %d", &cpu, &rss, &peak, &heap, &sent)
 	}
 	if err != nil {
 		return benchClusterStat{}, fmt.Errorf("bench: cluster: reading its stats: %w%s", err, c.stderr.suffix())
 	}
-	return benchClusterStat{cpu: time.Duration(cpu), rss: rss, peak: peak, heap: heap}, nil
+	return benchClusterStat{cpu: time.Duration(cpu), rss: rss, peak: peak, heap: heap, sent: sent}, nil
 }
 
 // close ends the child (it exits when its stdin closes; killed if it has

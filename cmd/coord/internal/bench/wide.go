@@ -1,0 +1,467 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-coord/coord"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// benchWideWorkers is how many agents of scenario 12 start at once.
+const benchWideWorkers = 32
+
+// benchWideResult is what one fleet size and deployment of scenario 12
+// cost.
+type benchWideResult struct {
+	agents  int
+	proxied bool // the watchers' clients go through the gRPC proxy
+
+	hostsUp time.Duration // until every watcher had every host up
+	setup   time.Duration // until, besides, every shard had its owner
+	owned   bool          // every shard had its owners by then
+	leases  int           // etcd's count, once set up
+	renewal float64       // LeaseKeepAlive requests per second, over the churn
+
+	startSent int64         // bytes etcd sent while the fleet started
+	sent      int64         // bytes etcd sent over the churn
+	cpu       time.Duration // etcd's CPU time over the churn
+	proxyCPU  time.Duration // the proxy's, over the churn
+	churn     time.Duration // from the first update to the last delivery
+
+	deliveries int64 // Updated events the watchers delivered over the churn
+	lags       benchLatencies
+	exact      int // watchers whose hosts matched etcd's at the end
+}
+
+// benchWide measures scenario 12: a fleet of agents, each on its own
+// client with a HostLiveness, a HostWatcher and, for a quarter of them, a
+// ShardSet member riding the registration's lease; the watchers' clients
+// straight to etcd, then through one gRPC proxy. Each size and deployment
+// runs on an etcd of its own in a child process (and the proxy in another),
+// so that their CPU time and sent bytes are theirs alone, whatever
+// --endpoints says. The coord column is the fleet watching etcd directly;
+// the plain column is the same fleet watching through the proxy.
+func benchWide(ctx context.Context, env *benchEnv, cfg Config) ([]benchRow, error) {
+	var direct, proxied []benchWideResult
+	for _, n := range cfg.wideAgents {
+		for _, viaProxy := range []bool{false, true} {
+			r, err := benchWideRun(ctx, env, cfg, n, viaProxy)
+			if err != nil {
+				return nil, fmt.Errorf("%d agents, proxy %v: %w", n, viaProxy, err)
+			}
+			if viaProxy {
+				proxied = append(proxied, r)
+			} else {
+				direct = append(direct, r)
+			}
+			env.settle(ctx)
+		}
+	}
+	rows := make([]benchRow, 0, len(direct)+2)
+	for i := range direct {
+		rows = append(rows, benchWideRow(cfg, direct[i], proxied[i]))
+	}
+	return append(rows, benchWideSummary(cfg, direct, proxied)...), nil
+}
+
+// benchWideRow is the row of one fleet size.
+func benchWideRow(cfg Config, d, p benchWideResult) benchRow {
+	cell := func(r benchWideResult) string {
+		s := fmt.Sprintf("etcd sent %s (start %s), etcd CPU %.2f s", benchBytes(r.sent), benchBytes(r.startSent), r.cpu.Seconds())
+		if r.proxied {
+			s += fmt.Sprintf(", proxy CPU %.2f s", r.proxyCPU.Seconds())
+		}
+		s += fmt.Sprintf("; lag %s; %s of %s deliveries; %d of %d replicas exact; every host up at every watcher after %.1f s, every shard owned after %.1f s",
+			r.lags.sorted().p50p99(), benchCount(int(r.deliveries)), benchCount(cfg.wideUpdates*r.agents), r.exact, r.agents, r.hostsUp.Seconds(), r.setup.Seconds())
+		if !r.owned {
+			s += " (shards not all owned)"
+		}
+		return s
+	}
+	return benchRow{
+		scenario: fmt.Sprintf("12. Wide fleet: %d agents, each on its own client with a HostLiveness (TTL %s) and a HostWatcher of every host, a quarter also members of a ShardSet of %s shards on the registration's lease; %s host updates at %d/s: etcd's sent bytes and CPU over them, lag from Update to delivery p50 / p99 (coord: watchers straight to etcd; plain column: the same through one gRPC proxy, leases straight to etcd)",
+			d.agents, benchSecs(cfg.wideTTL), benchCount(cfg.wideShards), benchCount(cfg.wideUpdates), cfg.wideRate),
+		coord: cell(d),
+		plain: cell(p),
+		ratio: benchRatio(float64(d.sent), float64(p.sent), "etcd's sent bytes"),
+		limit: fmt.Sprintf("%s deliveries (every update to every watcher), every replica exact", benchCount(cfg.wideUpdates*d.agents)),
+	}
+}
+
+// benchWideSummary are the rows over the sizes: how etcd's cost grows with
+// the fleet, extrapolated to 10,000 agents, and the leases it holds.
+func benchWideSummary(cfg Config, direct, proxied []benchWideResult) []benchRow {
+	slope := func(rs []benchWideResult, y func(benchWideResult) float64) (float64, float64) {
+		var xs, ys []float64
+		for _, r := range rs {
+			xs, ys = append(xs, math.Log(float64(r.agents))), append(ys, math.Log(max(y(r), 1)))
+		}
+		s := benchSlope(xs, ys)
+		last := rs[len(rs)-1]
+		return s, y(last) * math.Pow(10_000/float64(last.agents), s)
+	}
+	sent := func(r benchWideResult) float64 { return float64(r.sent) }
+	cpu := func(r benchWideResult) float64 { return float64(r.cpu) / float64(time.Millisecond) }
+	ds, d10k := slope(direct, sent)
+	ps, p10k := slope(proxied, sent)
+	dc, dc10k := slope(direct, cpu)
+	pc, pc10k := slope(proxied, cpu)
+	var leases, renewals []string
+	for i, r := range direct {
+		leases = append(leases, fmt.Sprintf("%d: %d / %d", r.agents, r.leases, proxied[i].leases))
+		renewals = append(renewals, fmt.Sprintf("%d: %.2f / %.2f", r.agents, r.renewal/float64(r.agents), proxied[i].renewal/float64(r.agents)))
+	}
+	return []benchRow{
+		{
+			scenario: "12. Wide fleet, same: slope of log(etcd's sent bytes over the updates) against log(agents); sent and CPU extrapolated to 10,000 agents (an extrapolation, not a measurement)",
+			coord:    fmt.Sprintf("slope %.2f: %s; CPU slope %.2f: %.1f s", ds, benchBytes(int64(d10k)), dc, dc10k/1000),
+			plain:    fmt.Sprintf("slope %.2f: %s; CPU slope %.2f: %.1f s", ps, benchBytes(int64(p10k)), pc, pc10k/1000),
+			ratio:    benchRatio(d10k, p10k, "sent at 10,000"),
+			limit:    "through the proxy: slope ≈ 0 (etcd sends each event once per proxy); direct: ≈ 1",
+		},
+		{
+			scenario: "12. Wide fleet, same: leases etcd holds (direct / proxy), and LeaseKeepAlive requests per agent per second over the updates",
+			coord:    "leases " + strings.Join(leases, "; "),
+			plain:    "keep-alives/s per agent " + strings.Join(renewals, "; "),
+			ratio:    "",
+			limit:    fmt.Sprintf("one lease per agent; %.2f keep-alives/s per agent (one lease every TTL/3)", 3/cfg.wideTTL.Seconds()),
+		},
+	}
+}
+
+// benchWideRun runs a fleet of n agents on an etcd of its own, their
+// watchers through a gRPC proxy if viaProxy.
+func benchWideRun(ctx context.Context, env *benchEnv, cfg Config, n int, viaProxy bool) (r benchWideResult, err error) {
+	r.agents, r.proxied = n, viaProxy
+	etcd, err := startBenchCluster(ctx, 1)
+	if err != nil {
+		return r, err
+	}
+	defer func() { err = errors.Join(err, etcd.close()) }()
+	base := env.base
+	base.Endpoints = etcd.endpoints
+	watchBase := base
+	var proxy *benchCluster
+	if viaProxy {
+		if proxy, err = startBenchProxy(ctx, etcd.endpoints[0]); err != nil {
+			return r, err
+		}
+		defer func() { err = errors.Join(err, proxy.close()) }()
+		watchBase.Endpoints = proxy.endpoints
+	}
+	books, err := env.clientOf(base)
+	if err != nil {
+		return r, err
+	}
+	defer books.Close()
+
+	f := &benchWideFleet{cfg: cfg, prefix: env.prefix("wide", strconv.Itoa(n), strconv.FormatBool(viaProxy))}
+	defer func() {
+		t := time.Now()
+		f.stop()
+		env.progress("scenario 12: %d agents (proxy %v) stopped in %v", n, viaProxy, time.Since(t).Round(time.Millisecond))
+	}()
+	before, err := etcd.stat()
+	if err != nil {
+		return r, err
+	}
+	t := time.Now()
+	if err := f.start(ctx, env, base, watchBase, n); err != nil {
+		return r, err
+	}
+	if err := f.hostsUp(ctx, n); err != nil {
+		return r, err
+	}
+	r.hostsUp = time.Since(t)
+	r.owned = f.owned(ctx) == nil
+	r.setup = time.Since(t)
+	env.progress("scenario 12: %d agents (proxy %v): every host up at every watcher after %v, shards owned after %v",
+		n, viaProxy, r.hostsUp.Round(time.Millisecond), r.setup.Round(time.Millisecond))
+	l, err := books.Leases(ctx)
+	if err != nil {
+		return r, fmt.Errorf("counting leases: %w", err)
+	}
+	r.leases = len(l.Leases)
+	return r, r.measure(ctx, f, etcd, proxy, before, books)
+}
+
+// measure runs the updates and reads what they cost.
+func (r *benchWideResult) measure(ctx context.Context, f *benchWideFleet, etcd, proxy *benchCluster, before benchClusterStat, books *clientv3.Client) error {
+	at, err := etcd.stat()
+	if err != nil {
+		return err
+	}
+	r.startSent = at.sent - before.sent
+	var proxyAt benchClusterStat
+	if proxy != nil {
+		if proxyAt, err = proxy.stat(); err != nil {
+			return err
+		}
+	}
+	ka := f.cnt.keepAlives.Load()
+	t := time.Now()
+	if err := f.update(ctx); err != nil {
+		return err
+	}
+	r.churn = time.Since(t)
+	r.renewal = float64(f.cnt.keepAlives.Load()-ka) / r.churn.Seconds()
+	end, err := etcd.stat()
+	if err != nil {
+		return err
+	}
+	r.sent, r.cpu = end.sent-at.sent, end.cpu-at.cpu
+	if proxy != nil {
+		pend, err := proxy.stat()
+		if err != nil {
+			return err
+		}
+		r.proxyCPU = pend.cpu - proxyAt.cpu
+	}
+	r.deliveries, r.lags = f.delivered()
+	r.exact, err = f.exact(ctx, books)
+	return err
+}
+
+// benchWideFleet is the fleet of one run of scenario 12.
+type benchWideFleet struct {
+	cfg    Config
+	prefix string
+	cnt    benchRPCCounter
+	agents []*benchWideAgent
+}
+
+// benchWideAgent is one agent: its registration, its watcher, and maybe a
+// ShardSet member.
+type benchWideAgent struct {
+	cli, watchCli *clientv3.Client
+	host          *coord.HostLiveness
+	w             *coord.HostWatcher
+	set           *coord.ShardSet
+	followed      chan struct{} // closed once the watcher's events are all read
+
+	up      atomic.Int64 // hosts up in the watcher's events
+	updates atomic.Int64 // Updated events delivered
+	mu      sync.Mutex
+	lags    benchLatencies
+}
+
+// start starts n agents.
+func (f *benchWideFleet) start(ctx context.Context, env *benchEnv, base, watchBase clientv3.Config, n int) error {
+	f.agents = make([]*benchWideAgent, n)
+	shards := make([]string, f.cfg.wideShards)
+	for i := range shards {
+		shards[i] = fmt.Sprintf("s%04d", i)
+	}
+	return benchParallel(ctx, n, benchWideWorkers, func(i int) error {
+		a := &benchWideAgent{followed: make(chan struct{})}
+		var err error
+		if a.cli, err = env.clientOf(base, f.cnt.dialOptions()...); err != nil {
+			return err
+		}
+		a.watchCli = a.cli
+		f.agents[i] = a
+		if watchBase.Endpoints[0] != base.Endpoints[0] {
+			if a.watchCli, err = env.clientOf(watchBase); err != nil {
+				a.watchCli = a.cli
+				return err
+			}
+		}
+		if a.host, err = coord.RegisterHostLiveness(ctx, a.cli, benchMeta("wide", i), coord.LivenessOptions{Prefix: f.prefix + "hosts/", TTL: f.cfg.wideTTL}); err != nil {
+			return err
+		}
+		if a.w, err = coord.NewHostWatcher(ctx, a.watchCli, coord.WatcherOptions{Prefix: f.prefix + "hosts/"}); err != nil {
+			return err
+		}
+		go a.follow()
+		if i%4 != 0 {
+			return nil
+		}
+		// Its host watch through the proxy too, where the watcher's is.
+		a.set, err = coord.NewShardSet(ctx, a.cli, coord.ShardOptions{Shards: shards, Host: a.host, Prefix: f.prefix + "shards/",
+			WatchClient: a.watchCli, TTL: f.cfg.wideTTL, Run: func(ctx context.Context, _ coord.Shard) { <-ctx.Done() }})
+		return err
+	})
+}
+
+// follow reads the watcher's events: the hosts up, and the lag of each
+// update (its "t" label is when it was sent).
+func (a *benchWideAgent) follow() {
+	defer close(a.followed)
+	for ev := range a.w.Events() {
+		switch ev.Kind {
+		case coord.HostUp:
+			a.up.Add(1)
+		case coord.HostDown:
+			a.up.Add(-1)
+		case coord.HostUpdated:
+			sent, err := strconv.ParseInt(ev.Metadata.Labels["t"], 10, 64)
+			if err != nil {
+				continue
+			}
+			lag := time.Since(time.Unix(0, sent))
+			a.mu.Lock()
+			a.lags = append(a.lags, lag)
+			a.mu.Unlock()
+			a.updates.Add(1)
+		}
+	}
+}
+
+// hostsUp waits until every watcher has the n hosts up.
+func (f *benchWideFleet) hostsUp(ctx context.Context, n int) error {
+	if err := benchPoll(ctx, time.Minute, func() bool {
+		for _, a := range f.agents {
+			if a.up.Load() != int64(n) {
+				return false
+			}
+		}
+		return true
+	}); err != nil {
+		return fmt.Errorf("watchers without every host: %w", err)
+	}
+	return nil
+}
+
+// owned waits, a minute at most, until every shard has its owner.
+func (f *benchWideFleet) owned(ctx context.Context) error {
+	return benchPoll(ctx, time.Minute, func() bool {
+		owned := 0
+		for _, a := range f.agents {
+			if a.set != nil {
+				owned += len(a.set.Owned())
+			}
+		}
+		return owned == f.cfg.wideShards
+	})
+}
+
+// update updates the agents' metadata in turn, wideRate per second, each
+// update's "t" label the time it is sent, then waits until every watcher
+// has delivered every update.
+func (f *benchWideFleet) update(ctx context.Context) error {
+	tick := time.NewTicker(time.Second / time.Duration(f.cfg.wideRate))
+	defer tick.Stop()
+	for k := range f.cfg.wideUpdates {
+		i := k % len(f.agents)
+		m := benchMeta("wide", i)
+		m.Labels["t"] = strconv.FormatInt(time.Now().UnixNano(), 10)
+		if err := f.agents[i].host.Update(ctx, m); err != nil {
+			return err
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	want := int64(f.cfg.wideUpdates)
+	return benchPoll(ctx, time.Minute, func() bool {
+		for _, a := range f.agents {
+			if a.updates.Load() < want {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// delivered returns the updates the watchers delivered and their lags.
+func (f *benchWideFleet) delivered() (int64, benchLatencies) {
+	var n int64
+	var lags benchLatencies
+	for _, a := range f.agents {
+		a.mu.Lock()
+		lags = append(lags, a.lags...)
+		a.mu.Unlock()
+		n += a.updates.Load()
+	}
+	return n, lags
+}
+
+// exact counts the watchers whose hosts are etcd's: the same hosts, each
+// with the same last update.
+func (f *benchWideFleet) exact(ctx context.Context, books *clientv3.Client) (int, error) {
+	g, err := books.Get(ctx, f.prefix+"hosts/", clientv3.WithPrefix())
+	if err != nil {
+		return 0, err
+	}
+	want := map[string]string{}
+	for _, kv := range g.Kvs {
+		want[string(kv.Key)] = string(kv.Value)
+	}
+	exact := 0
+	for _, a := range f.agents {
+		hosts := a.w.Hosts()
+		same := len(hosts) == len(want)
+		for _, h := range hosts {
+			v, ok := want[f.prefix+"hosts/"+h.HostUUID]
+			same = same && ok && benchSameUpdate(v, h.Labels["t"])
+		}
+		if same {
+			exact++
+		}
+	}
+	return exact, nil
+}
+
+// benchSameUpdate reports whether value, a host's JSON in etcd, carries
+// the update label t (or none, if t is "").
+func benchSameUpdate(value, t string) bool {
+	var m coord.HostMetadata
+	err := json.Unmarshal([]byte(value), &m)
+	return err == nil && m.Labels["t"] == t
+}
+
+// stop closes the agents' clients first, as a crash of the whole fleet
+// (the etcd goes with the run), then what ran on them.
+func (f *benchWideFleet) stop() {
+	for _, a := range f.agents {
+		if a != nil {
+			_ = a.cli.Close()
+			_ = a.watchCli.Close()
+		}
+	}
+	_ = benchParallel(context.Background(), len(f.agents), benchWideWorkers, func(i int) error {
+		a := f.agents[i]
+		if a == nil {
+			return nil
+		}
+		if a.set != nil {
+			_ = a.set.Close()
+		}
+		if a.w != nil {
+			_ = a.w.Close()
+			<-a.followed
+		}
+		if a.host != nil {
+			_ = a.host.Stop(context.Background())
+		}
+		return nil
+	})
+}
+
+// benchPoll calls done every 20 ms until it returns true, for at most
+// limit.
+func benchPoll(ctx context.Context, limit time.Duration, done func() bool) error {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for !done() {
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}

@@ -23,6 +23,7 @@ var benchTiny = func() Config {
 	c.fleetLivenessTTL, c.fleetPoolTTL, c.fleetWindow = time.Second, 2*time.Second, time.Second
 	c.shardHosts, c.shardCount, c.shardNaiveHosts, c.shardNaiveCount = 3, 24, 2, 12
 	c.semContenders, c.semFor, c.semChunk, c.semRounds, c.semSettle = 6, 100*time.Millisecond, 50*time.Millisecond, 2, 20*time.Millisecond
+	c.wideAgents, c.wideShards, c.wideUpdates, c.wideRate = []int{2, 4}, 4, 4, 100
 	return c
 }()
 
@@ -56,9 +57,10 @@ func TestBenchPrintsEveryRow(t *testing.T) {
 	// where it can be measured; 9 has four, and three for the CPU and
 	// memory where they can be measured; 10 has seven for its size (the
 	// last two: a drain, a rolling restart) and, the naive plan running
-	// at another size, five more for that one; 11 has one, and 11b one.
+	// at another size, five more for that one; 11 has one, and 11b one;
+	// 12 one per fleet size, and two over the sizes.
 	want := map[string]int{"1.": 1, "1b.": 1, "2.": 1, "3.": 1, "3b.": 1, "4.": 1, "4b.": 1, "5.": 2 * len(benchTiny.scaleSizes), "6.": 1, "7.": 3, "8.": 1, "9.": 4,
-		"10.": 7, "10b.": 5, "11.": 1, "11b.": 1}
+		"10.": 7, "10b.": 5, "11.": 1, "11b.": 1, "12.": len(benchTiny.wideAgents) + 2}
 	got := map[string]int{}
 	for _, r := range rows {
 		got[strings.Fields(r)[1]]++
@@ -71,7 +73,7 @@ func TestBenchPrintsEveryRow(t *testing.T) {
 	if !strings.Contains(out, "| scenario | coord | plain etcd | ratio | limit |") {
 		t.Error("no table header")
 	}
-	if !strings.Contains(stderr.String(), "scenario 11: done") {
+	if !strings.Contains(stderr.String(), "scenario 12: done") {
 		t.Errorf("no progress on stderr:\n%s", &stderr)
 	}
 

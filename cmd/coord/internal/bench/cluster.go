@@ -90,9 +90,9 @@ func benchProxyChild(target string, in io.Reader, out io.Writer) int {
 }
 
 // benchChildStats answers each "stat" line read from in with "stat <cpu
-// ns> <rss bytes> <peak rss bytes> 0 <sent bytes>" (0 where the platform
-// cannot tell; sent: the bytes etcd's gRPC server has sent to clients,
-// etcd_network_client_grpc_sent_bytes_total, 0 in a proxy), and each "gc"
+// ns> <rss bytes> <peak rss bytes> 0 <sent bytes> <watches>" (0 where the
+// platform cannot tell; sent and watches: etcd's, see benchEtcdMetrics,
+// 0 in a proxy), and each "gc"
 // line the same way after a garbage collection that gives freed memory
 // back to the system, with the live heap in place of the 0.
 func benchChildStats(in io.Reader, out io.Writer) {
@@ -112,20 +112,29 @@ func benchChildStats(in io.Reader, out io.Writer) {
 		}
 		cpu, _ := benchProcessCPU()
 		rss, peak := benchProcessRSS()
-		fmt.Fprintf(out, "stat %d %d %d %d %d\n", cpu, rss, peak, heap, benchSentBytes())
+		sent, watchers := benchEtcdMetrics()
+		fmt.Fprintf(out, "stat %d %d %d %d %d %d\n", cpu, rss, peak, heap, sent, watchers)
 	}
 }
 
-// benchSentBytes returns etcd's count of the bytes its gRPC server sent to
-// clients, read from this process's Prometheus registry; 0 if none.
-func benchSentBytes() int64 {
+// benchEtcdMetrics returns, read from this process's Prometheus registry,
+// etcd's count of the bytes its gRPC server sent to clients
+// (etcd_network_client_grpc_sent_bytes_total) and the watches it serves
+// (etcd_debugging_mvcc_watcher_total); 0 where there is none.
+func benchEtcdMetrics() (sent, watchers int64) {
 	families, _ := prometheus.DefaultGatherer.Gather()
 	for _, f := range families {
-		if f.GetName() == "etcd_network_client_grpc_sent_bytes_total" && len(f.GetMetric()) > 0 {
-			return int64(f.GetMetric()[0].GetCounter().GetValue())
+		if len(f.GetMetric()) == 0 {
+			continue
+		}
+		switch m := f.GetMetric()[0]; f.GetName() {
+		case "etcd_network_client_grpc_sent_bytes_total":
+			sent = int64(m.GetCounter().GetValue())
+		case "etcd_debugging_mvcc_watcher_total":
+			watchers = int64(m.GetGauge().GetValue())
 		}
 	}
-	return 0
+	return sent, watchers
 }
 
 // benchStartMembers starts an etcd cluster of n members in this process,
@@ -232,6 +241,7 @@ type benchClusterStat struct {
 	rss, peak int64 // bytes; 0 where the platform cannot tell
 	heap      int64 // bytes of live heap, after a gc
 	sent      int64 // bytes etcd's gRPC server sent to its clients; 0 in a proxy
+	watches   int64 // watches etcd serves; 0 in a proxy
 }
 
 // start starts the child, command name with args and env.
@@ -341,14 +351,14 @@ func (c *benchCluster) ask(what string) (benchClusterStat, error) {
 		return benchClusterStat{}, fmt.Errorf("bench: cluster: %w%s", err, c.stderr.suffix())
 	}
 	line, err := c.out.ReadString('\n')
-	var cpu, rss, peak, heap, sent int64
+	var cpu, rss, peak, heap, sent, watches int64
 	if err == nil {
-		_, err = fmt.Sscanf(line, "stat %d %d %d %d %d", &cpu, &rss, &peak, &heap, &sent)
+		_, err = fmt.Sscanf(line, "stat %d %d %d %d %d %d", &cpu, &rss, &peak, &heap, &sent, &watches)
 	}
 	if err != nil {
 		return benchClusterStat{}, fmt.Errorf("bench: cluster: reading its stats: %w%s", err, c.stderr.suffix())
 	}
-	return benchClusterStat{cpu: time.Duration(cpu), rss: rss, peak: peak, heap: heap, sent: sent}, nil
+	return benchClusterStat{cpu: time.Duration(cpu), rss: rss, peak: peak, heap: heap, sent: sent, watches: watches}, nil
 }
 
 // close ends the child (it exits when its stdin closes; killed if it has

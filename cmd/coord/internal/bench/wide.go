@@ -36,6 +36,7 @@ type benchWideResult struct {
 	cpu       time.Duration // etcd's CPU time over the churn
 	proxyCPU  time.Duration // the proxy's, over the churn
 	churn     time.Duration // from the first update to the last delivery
+	watches   int64         // etcd's, at the end
 
 	deliveries int64 // Updated events the watchers delivered over the churn
 	lags       benchLatencies
@@ -76,7 +77,7 @@ func benchWide(ctx context.Context, env *benchEnv, cfg Config) ([]benchRow, erro
 // benchWideRow is the row of one fleet size.
 func benchWideRow(cfg Config, d, p benchWideResult) benchRow {
 	cell := func(r benchWideResult) string {
-		s := fmt.Sprintf("etcd sent %s (start %s), etcd CPU %.2f s", benchBytes(r.sent), benchBytes(r.startSent), r.cpu.Seconds())
+		s := fmt.Sprintf("etcd sent %s (start %s), etcd CPU %.2f s, %s etcd watches", benchBytes(r.sent), benchBytes(r.startSent), r.cpu.Seconds(), benchCount(int(r.watches)))
 		if r.proxied {
 			s += fmt.Sprintf(", proxy CPU %.2f s", r.proxyCPU.Seconds())
 		}
@@ -218,7 +219,7 @@ func (r *benchWideResult) measure(ctx context.Context, f *benchWideFleet, etcd, 
 	if err != nil {
 		return err
 	}
-	r.sent, r.cpu = end.sent-at.sent, end.cpu-at.cpu
+	r.sent, r.cpu, r.watches = end.sent-at.sent, end.cpu-at.cpu, end.watches
 	if proxy != nil {
 		pend, err := proxy.stat()
 		if err != nil {
@@ -394,31 +395,27 @@ func (f *benchWideFleet) exact(ctx context.Context, books *clientv3.Client) (int
 	if err != nil {
 		return 0, err
 	}
-	want := map[string]string{}
+	want := map[string]string{} // each host's last update, by HostUUID
 	for _, kv := range g.Kvs {
-		want[string(kv.Key)] = string(kv.Value)
+		var m coord.HostMetadata
+		if err := json.Unmarshal(kv.Value, &m); err != nil {
+			return 0, fmt.Errorf("host %s: %w", kv.Key, err)
+		}
+		want[m.HostUUID] = m.Labels["t"]
 	}
 	exact := 0
 	for _, a := range f.agents {
 		hosts := a.w.Hosts()
 		same := len(hosts) == len(want)
 		for _, h := range hosts {
-			v, ok := want[f.prefix+"hosts/"+h.HostUUID]
-			same = same && ok && benchSameUpdate(v, h.Labels["t"])
+			t, ok := want[h.HostUUID]
+			same = same && ok && h.Labels["t"] == t
 		}
 		if same {
 			exact++
 		}
 	}
 	return exact, nil
-}
-
-// benchSameUpdate reports whether value, a host's JSON in etcd, carries
-// the update label t (or none, if t is "").
-func benchSameUpdate(value, t string) bool {
-	var m coord.HostMetadata
-	err := json.Unmarshal([]byte(value), &m)
-	return err == nil && m.Labels["t"] == t
 }
 
 // stop closes the agents' clients first, as a crash of the whole fleet

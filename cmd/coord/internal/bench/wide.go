@@ -127,7 +127,7 @@ func benchWideSummary(cfg Config, direct, proxied []benchWideResult) []benchRow 
 			coord:    fmt.Sprintf("slope %.2f: %s; CPU slope %.2f: %.1f s", ds, benchBytes(int64(d10k)), dc, dc10k/1000),
 			plain:    fmt.Sprintf("slope %.2f: %s; CPU slope %.2f: %.1f s", ps, benchBytes(int64(p10k)), pc, pc10k/1000),
 			ratio:    benchRatio(d10k, p10k, "sent at 10,000"),
-			limit:    "through the proxy: slope ≈ 0 (etcd sends each event once per proxy); direct: ≈ 1",
+			limit:    "through the proxy: slope ≈ 0, etcd sending each event once per watch of the proxy's (docs/fleet.md: the proxy's watches grow with a fleet that starts while hosts register); direct: ≈ 1",
 		},
 		{
 			scenario: "12. Wide fleet, same: leases etcd holds (direct / proxy), and LeaseKeepAlive requests per agent per second over the updates",

@@ -163,7 +163,6 @@ func candidateOf(t *testing.T, cli *clientv3.Client, prefix, v string) string {
 }
 
 func TestCandidacyLaggingWatch(t *testing.T) {
-	t.Parallel()
 	t.Run("an election's waiter whose watch sits on a lagging member does not take the replayed delete of the leader's earlier term for its turn", func(t *testing.T) {
 		s := newLagSplit(t)
 		lagElection(t, s, s.client(t, true))

@@ -31,8 +31,9 @@ var scale = testenv.Scale()
 // leases run out. Each has its own etcd and clients, and none reads the
 // log or signals of another; the rest of the suite stays sequential, so a
 // test that counts goroutines (goleak.VerifyNone) sees only its own, and
-// the tests that stop a cluster's members and time its elections
-// (faults_cluster_test.go, faults_test.go) are not slowed by the others.
+// the tests that stop or isolate a cluster's members and time its
+// elections (faults_cluster_test.go, faults_test.go, the lagging member of
+// candidacy_test.go) are not slowed by the others.
 
 // patience bounds any single wait of a test.
 func patience() time.Duration { return 15 * time.Second * scale }

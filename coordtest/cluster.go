@@ -478,8 +478,25 @@ func (m *Member) compact(ctx context.Context) (int64, error) {
 }
 
 // syncRead makes a linearizable read on the member, if it is running and not
-// isolated, so that it has applied everything committed before the call.
+// isolated, so that it has applied everything committed before the call. A
+// read that fails (the leader changed meanwhile, as it does on a starved
+// machine) is tried again every 50 ms until ctx ends; then the last
+// failure is returned.
 func (m *Member) syncRead(ctx context.Context) error {
+	for {
+		err := m.syncReadOnce(ctx)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-time.After(50 * time.Millisecond):
+		case <-ctx.Done():
+			return err
+		}
+	}
+}
+
+func (m *Member) syncReadOnce(ctx context.Context) error {
 	m.lifeMu.Lock()
 	defer m.lifeMu.Unlock()
 	if m.etcd == nil || m.c.net.isCut(m) {

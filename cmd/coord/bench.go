@@ -73,16 +73,20 @@ crash), watcher scale and churn, etcd load (lease renewals), campaign
 throughput, a fleet of agents leading many keys, a ShardSet fleet
 (scenario 10: shards spread over 32 hosts from a cold start, through a
 join and a crash, next to every host campaigning for every shard on a
-lease per shard, at a size where that fits), and a semaphore (scenario
-11: Acquire → Release throughput under contention, and the handover to
-the next waiter). Progress goes to stderr.
+lease per shard, at a size where that fits), a semaphore (scenario 11:
+Acquire → Release throughput under contention, and the handover to the
+next waiter), and a wide fleet (scenario 12: 100 to 1,000 agents, their
+watches straight to etcd or through etcd's gRPC proxy). Progress goes to
+stderr.
 
 By default it starts an embedded single-member etcd in a temporary
-directory, and for the fleet (scenario 9) a 3-member one per side in a
-child process. With --endpoints it runs against that cluster instead,
-writing under /coord-bench/ and deleting what it wrote at the end; it
-creates about 250 clients and, in the full run, 100,000 keys. The full
-run takes about seven minutes, --quick under one.
+directory, for the fleet (scenario 9) a 3-member one per side in a child
+process, and for the wide fleet (scenario 12) one per size and
+deployment in a child process, and the proxy in another. With
+--endpoints it runs against that cluster instead (scenario 12 still on
+its own), writing under /coord-bench/ and deleting what it wrote at the
+end; it creates about 250 clients and, in the full run, 100,000 keys.
+The full run takes about fifteen minutes, --quick about one.
 
 With --json FILE it also writes the run's figures to FILE, with when, on
 which commit and on how busy a machine it ran. With --render FILE... it

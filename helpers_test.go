@@ -57,7 +57,21 @@ func newEtcd(t *testing.T) (*coordtest.Server, *clientv3.Client) {
 // through icpt, closed at the end of the test.
 func interceptedClient(t *testing.T, cfg clientv3.Config, icpt grpc.UnaryClientInterceptor) *clientv3.Client {
 	t.Helper()
-	cfg.DialOptions = append(slices.Clone(cfg.DialOptions), grpc.WithChainUnaryInterceptor(icpt))
+	return dialedClient(t, cfg, grpc.WithChainUnaryInterceptor(icpt))
+}
+
+// streamInterceptedClient returns a client made from cfg whose streams
+// (watches, keep-alives) go through icpt, closed at the end of the test.
+func streamInterceptedClient(t *testing.T, cfg clientv3.Config, icpt grpc.StreamClientInterceptor) *clientv3.Client {
+	t.Helper()
+	return dialedClient(t, cfg, grpc.WithChainStreamInterceptor(icpt))
+}
+
+// dialedClient returns a client made from cfg with opt added, closed at
+// the end of the test.
+func dialedClient(t *testing.T, cfg clientv3.Config, opt grpc.DialOption) *clientv3.Client {
+	t.Helper()
+	cfg.DialOptions = append(slices.Clone(cfg.DialOptions), opt)
 	cli, err := clientv3.New(cfg)
 	if err != nil {
 		t.Fatal(err)

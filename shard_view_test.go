@@ -11,7 +11,6 @@ import (
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 )
 
@@ -90,13 +89,7 @@ func TestShardScopedWatches(t *testing.T) {
 	taps := map[string]*watchTap{}
 	for _, id := range ids {
 		tap := &watchTap{got: map[string]int{}}
-		cfg := srv.ClientConfig()
-		cfg.DialOptions = append(cfg.DialOptions, grpc.WithChainStreamInterceptor(tap.stream))
-		cli, err := clientv3.New(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cli.Close() })
+		cli := streamInterceptedClient(t, srv.ClientConfig(), tap.stream)
 		hs = append(hs, &shHost{id: id, cli: cli, live: register(t, cli, id, LivenessOptions{TTL: time.Second * scale})})
 		taps[id] = tap
 	}
@@ -205,13 +198,7 @@ func TestShardScopeWatchBroken(t *testing.T) {
 	hold := newCreateHold(ShardsPrefix + x + "/")
 	hs := shRegister(t, srv, ids[0], ids[1], ids[3])
 	tap, logger := newLogTap()
-	cfg := srv.ClientConfig()
-	cfg.DialOptions = append(cfg.DialOptions, grpc.WithChainStreamInterceptor(hold.stream))
-	cli, err := clientv3.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cli.Close() })
+	cli := streamInterceptedClient(t, srv.ClientConfig(), hold.stream)
 	c := &shHost{id: ids[2], cli: cli, live: register(t, cli, ids[2], LivenessOptions{TTL: time.Second * scale})}
 	a, b, d := hs[0], hs[1], hs[2]
 	opts := ShardOptions{Shards: []string{x}, Replicas: 1}

@@ -51,9 +51,10 @@ func init() {
 
 // benchClusterChild runs the cluster described by spec. It prints
 // "ready <endpoints>" once every member serves (or "error <why>"), then
-// answers what benchChildStats answers. It returns when in ends: the
-// parent is done with it, or gone. Nothing is shut down gracefully: the
-// process exits, and the parent removes the data.
+// answers what benchChildStats answers, and "replace" (see
+// benchMembers.replace). It returns when in ends: the parent is done
+// with it, or gone. Nothing is shut down gracefully: the process exits,
+// and the parent removes the data.
 func benchClusterChild(spec string, in io.Reader, out io.Writer) int {
 	n, dir, ok := strings.Cut(spec, ":")
 	members, err := strconv.Atoi(n)
@@ -61,13 +62,13 @@ func benchClusterChild(spec string, in io.Reader, out io.Writer) int {
 		fmt.Fprintf(out, "error bad %s %q\n", benchClusterEnv, spec)
 		return 1
 	}
-	endpoints, err := benchStartMembers(dir, members)
+	m, err := benchStartMembers(dir, members)
 	if err != nil {
 		fmt.Fprintf(out, "error %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
 		return 1
 	}
-	fmt.Fprintf(out, "ready %s\n", strings.Join(endpoints, ","))
-	benchChildStats(in, out)
+	fmt.Fprintf(out, "ready %s\n", strings.Join(m.endpoints, ","))
+	benchChildStats(in, out, m.replace)
 	return 0
 }
 
@@ -85,17 +86,18 @@ func benchProxyChild(target string, in io.Reader, out io.Writer) int {
 		return 1
 	}
 	fmt.Fprintf(out, "ready http://%s\n", ln.Addr())
-	benchChildStats(in, out)
+	benchChildStats(in, out, nil)
 	return 0
 }
 
 // benchChildStats answers each "stat" line read from in with "stat <cpu
 // ns> <rss bytes> <peak rss bytes> 0 <sent bytes> <watches>" (0 where the
 // platform cannot tell; sent and watches: etcd's, see benchEtcdMetrics,
-// 0 in a proxy), and each "gc"
-// line the same way after a garbage collection that gives freed memory
-// back to the system, with the live heap in place of the 0.
-func benchChildStats(in io.Reader, out io.Writer) {
+// 0 in a proxy), and each "gc" line the same way after a garbage
+// collection that gives freed memory back to the system, with the live
+// heap in place of the 0. A "replace" line calls replace (nil: none) and
+// is answered as "stat" once it has returned, or with "error <why>".
+func benchChildStats(in io.Reader, out io.Writer, replace func() error) {
 	sc := bufio.NewScanner(in)
 	for sc.Scan() {
 		var heap uint64
@@ -107,6 +109,15 @@ func benchChildStats(in io.Reader, out io.Writer) {
 			var ms runtime.MemStats
 			runtime.ReadMemStats(&ms)
 			heap = ms.HeapAlloc
+		case "replace":
+			err := errors.New("nothing to replace")
+			if replace != nil {
+				err = replace()
+			}
+			if err != nil {
+				fmt.Fprintf(out, "error %s\n", strings.ReplaceAll(err.Error(), "\n", " "))
+				continue
+			}
 		default:
 			continue
 		}
@@ -137,16 +148,28 @@ func benchEtcdMetrics() (sent, watchers int64) {
 	return sent, watchers
 }
 
+// benchMembers is the etcd cluster a child process runs.
+type benchMembers struct {
+	dir       string
+	ports     []int // each member's client port, then its peer port
+	endpoints []string
+	etcds     []*embed.Etcd
+	replaced  int // how many times it was replaced
+}
+
 // benchStartMembers starts an etcd cluster of n members in this process,
 // tuned as coordtest tunes its servers, with their data under dir, and
-// returns their client URLs once all are ready. It tries other ports if
-// one was taken meanwhile.
-func benchStartMembers(dir string, n int) ([]string, error) {
+// returns it once all are ready. It tries other ports if one was taken
+// meanwhile.
+func benchStartMembers(dir string, n int) (*benchMembers, error) {
 	var err error
 	for attempt := range 5 {
-		var endpoints []string
-		if endpoints, err = benchTryMembers(filepath.Join(dir, fmt.Sprint(attempt)), n); err == nil {
-			return endpoints, nil
+		m := &benchMembers{dir: filepath.Join(dir, fmt.Sprint(attempt))}
+		if m.ports, err = benchFreePorts(2 * n); err != nil {
+			return nil, err
+		}
+		if err = m.start("coord-bench"); err == nil {
+			return m, nil
 		}
 		if !errors.Is(err, syscall.EADDRINUSE) {
 			break
@@ -155,31 +178,42 @@ func benchStartMembers(dir string, n int) ([]string, error) {
 	return nil, err
 }
 
-func benchTryMembers(dir string, n int) ([]string, error) {
-	ports, err := benchFreePorts(2 * n)
-	if err != nil {
-		return nil, err
+// replace stops the members and starts on their ports another cluster,
+// empty (a new cluster ID, its revisions starting over), as an etcd
+// rebuilt or replaced under its clients.
+func (m *benchMembers) replace() error {
+	for _, e := range m.etcds {
+		e.Close()
 	}
+	m.replaced++
+	m.dir = filepath.Join(m.dir, fmt.Sprintf("replaced-%d", m.replaced))
+	return m.start(fmt.Sprintf("coord-bench-replaced-%d", m.replaced))
+}
+
+// start starts the members, with their data under m.dir and token as
+// their cluster token, and waits until every one is ready.
+func (m *benchMembers) start(token string) error {
+	n := len(m.ports) / 2
 	loopback := func(port int) url.URL {
 		return url.URL{Scheme: "http", Host: net.JoinHostPort("127.0.0.1", strconv.Itoa(port))}
 	}
-	var peers, endpoints []string
+	var peers []string
+	m.endpoints, m.etcds = nil, nil
 	for i := range n {
-		client, peer := loopback(ports[2*i]), loopback(ports[2*i+1])
+		client, peer := loopback(m.ports[2*i]), loopback(m.ports[2*i+1])
 		peers = append(peers, fmt.Sprintf("m%d=%s", i, peer.String()))
-		endpoints = append(endpoints, client.String())
+		m.endpoints = append(m.endpoints, client.String())
 	}
-	var started []*embed.Etcd
 	for i := range n {
 		cfg := embed.NewConfig()
 		cfg.Name = fmt.Sprintf("m%d", i)
-		cfg.Dir = filepath.Join(dir, cfg.Name)
+		cfg.Dir = filepath.Join(m.dir, cfg.Name)
 		cfg.TickMs, cfg.ElectionMs = coordtest.DefaultTickMs, coordtest.DefaultElectionMs
-		client, peer := loopback(ports[2*i]), loopback(ports[2*i+1])
+		client, peer := loopback(m.ports[2*i]), loopback(m.ports[2*i+1])
 		cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
 		cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
 		cfg.InitialCluster = strings.Join(peers, ",")
-		cfg.InitialClusterToken = "coord-bench"
+		cfg.InitialClusterToken = token
 		cfg.ListenMetricsUrls = nil
 		cfg.UnsafeNoFsync = true
 		cfg.AutoCompactionRetention = "0"
@@ -190,22 +224,22 @@ func benchTryMembers(dir string, n int) ([]string, error) {
 		// is bootstrapped; it does not wait for the others to be ready.
 		e, err := embed.StartEtcd(cfg)
 		if err != nil {
-			return nil, fmt.Errorf("starting member %s: %w", cfg.Name, err)
+			return fmt.Errorf("starting member %s: %w", cfg.Name, err)
 		}
-		started = append(started, e)
+		m.etcds = append(m.etcds, e)
 	}
 	deadline := time.NewTimer(60 * time.Second)
 	defer deadline.Stop()
-	for _, e := range started {
+	for _, e := range m.etcds {
 		select {
 		case <-e.Server.ReadyNotify():
 		case err := <-e.Err():
-			return nil, fmt.Errorf("member failed before it was ready: %w", err)
+			return fmt.Errorf("member failed before it was ready: %w", err)
 		case <-deadline.C:
-			return nil, errors.New("members not ready after 60 s")
+			return errors.New("members not ready after 60 s")
 		}
 	}
-	return endpoints, nil
+	return nil
 }
 
 // benchFreePorts returns n distinct loopback ports that were free a moment
@@ -346,12 +380,19 @@ func (c *benchCluster) stat() (benchClusterStat, error) { return c.ask("stat") }
 // gc has the child collect its garbage and give the memory back first.
 func (c *benchCluster) gc() (benchClusterStat, error) { return c.ask("gc") }
 
+// replace has the child replace its cluster by an empty one on the same
+// ports, and answers as stat once the new one serves.
+func (c *benchCluster) replace() (benchClusterStat, error) { return c.ask("replace") }
+
 func (c *benchCluster) ask(what string) (benchClusterStat, error) {
 	if _, err := io.WriteString(c.in, what+"\n"); err != nil {
 		return benchClusterStat{}, fmt.Errorf("bench: cluster: %w%s", err, c.stderr.suffix())
 	}
 	line, err := c.out.ReadString('\n')
 	var cpu, rss, peak, heap, sent, watches int64
+	if why, ok := strings.CutPrefix(line, "error "); ok {
+		return benchClusterStat{}, fmt.Errorf("bench: cluster: %s: %s", what, strings.TrimSpace(why))
+	}
 	if err == nil {
 		_, err = fmt.Sscanf(line, "stat %d %d %d %d %d %d", &cpu, &rss, &peak, &heap, &sent, &watches)
 	}

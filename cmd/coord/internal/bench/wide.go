@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -41,6 +42,46 @@ type benchWideResult struct {
 	deliveries int64 // Updated events the watchers delivered over the churn
 	lags       benchLatencies
 	exact      int // watchers whose hosts matched etcd's at the end
+
+	// After the updates, the direct deployment only: etcd replaced under
+	// the fleet by an empty one (coord), and the same listings at once
+	// (plain).
+	replaced, atOnce benchWideRelist
+}
+
+// benchWideRelist is what a fleet's listings of the hosts cost etcd, and
+// how they spread.
+type benchWideRelist struct {
+	back     time.Duration // until every watcher had listed and had every host, every shard owned
+	sent     int64         // bytes etcd sent meanwhile
+	cpu      time.Duration // etcd's CPU time meanwhile
+	peak     float64       // etcd's CPU over its busiest sample (about 100 ms), in cores
+	listings []time.Time   // when each listing came
+}
+
+// spread is the time from the first listing to the last, and the most
+// listings within any 100 ms.
+func (l benchWideRelist) spread() (time.Duration, int) {
+	if len(l.listings) == 0 {
+		return 0, 0
+	}
+	ts := slices.Clone(l.listings)
+	slices.SortFunc(ts, func(a, b time.Time) int { return a.Compare(b) })
+	densest := 0
+	for i, j := 0, 0; j < len(ts); j++ {
+		for ts[j].Sub(ts[i]) >= 100*time.Millisecond {
+			i++
+		}
+		densest = max(densest, j-i+1)
+	}
+	return ts[len(ts)-1].Sub(ts[0]), densest
+}
+
+// String says it, for a row.
+func (l benchWideRelist) String() string {
+	spread, densest := l.spread()
+	return fmt.Sprintf("%d listings over %.2f s, at most %d in 100 ms; etcd sent %s, CPU %.2f s, %.2f cores over its busiest 100 ms",
+		len(l.listings), spread.Seconds(), densest, benchBytes(l.sent), l.cpu.Seconds(), l.peak)
 }
 
 // benchWide measures scenario 12: a fleet of agents, each on its own
@@ -67,9 +108,12 @@ func benchWide(ctx context.Context, env *benchEnv, cfg Config) ([]benchRow, erro
 			env.settle(ctx)
 		}
 	}
-	rows := make([]benchRow, 0, len(direct)+2)
+	rows := make([]benchRow, 0, 2*len(direct)+2)
 	for i := range direct {
 		rows = append(rows, benchWideRow(cfg, direct[i], proxied[i]))
+	}
+	for _, d := range direct {
+		rows = append(rows, benchWideReplacedRow(d))
 	}
 	return append(rows, benchWideSummary(cfg, direct, proxied)...), nil
 }
@@ -95,6 +139,18 @@ func benchWideRow(cfg Config, d, p benchWideResult) benchRow {
 		plain: cell(p),
 		ratio: benchRatio(float64(d.sent), float64(p.sent), "etcd's sent bytes"),
 		limit: fmt.Sprintf("%s deliveries (every update to every watcher), every replica exact", benchCount(cfg.wideUpdates*d.agents)),
+	}
+}
+
+// benchWideReplacedRow is the row of one fleet size's etcd replaced.
+func benchWideReplacedRow(d benchWideResult) benchRow {
+	return benchRow{
+		scenario: fmt.Sprintf("12. Wide fleet, same, %d agents, watchers straight to etcd: etcd replaced under the fleet by an empty one (a new cluster, its revisions started over); until every watcher has listed the hosts again and has every host, each registered again, and every shard is owned again (coord), against the same listings all at once (plain: each agent one Get of the hosts and a watch from its revision)",
+			d.agents),
+		coord: fmt.Sprintf("back after %.2f s; %s", d.replaced.back.Seconds(), d.replaced),
+		plain: d.atOnce.String(),
+		ratio: benchRatio(d.replaced.peak, d.atOnce.peak, "etcd's busiest 100 ms"),
+		limit: "each watcher lists again after etcd answers, then a random pause of up to 1 s: listings spread over about 1 s, etcd's busiest 100 ms below the listings all at once",
 	}
 }
 
@@ -192,7 +248,17 @@ func benchWideRun(ctx context.Context, env *benchEnv, cfg Config, n int, viaProx
 		return r, fmt.Errorf("counting leases: %w", err)
 	}
 	r.leases = len(l.Leases)
-	return r, r.measure(ctx, f, etcd, proxy, before, books)
+	if err := r.measure(ctx, f, etcd, proxy, before, books); err != nil || viaProxy {
+		return r, err
+	}
+	if r.replaced, err = f.replaced(ctx, etcd, books); err != nil {
+		return r, fmt.Errorf("etcd replaced: %w", err)
+	}
+	env.progress("scenario 12: %d agents: every host back at every watcher %v after etcd was replaced", n, r.replaced.back.Round(time.Millisecond))
+	if r.atOnce, err = f.listAtOnce(ctx, etcd); err != nil {
+		return r, fmt.Errorf("listings at once: %w", err)
+	}
+	return r, nil
 }
 
 // measure runs the updates and reads what they cost.
@@ -249,8 +315,9 @@ type benchWideAgent struct {
 	set           *coord.ShardSet
 	followed      chan struct{} // closed once the watcher's events are all read
 
-	up      atomic.Int64 // hosts up in the watcher's events
-	updates atomic.Int64 // Updated events delivered
+	up      atomic.Int64   // hosts up in the watcher's events
+	updates atomic.Int64   // Updated events delivered
+	listed  chan time.Time // when the watcher listed the hosts again
 	mu      sync.Mutex
 	lags    benchLatencies
 }
@@ -263,7 +330,7 @@ func (f *benchWideFleet) start(ctx context.Context, env *benchEnv, base, watchBa
 		shards[i] = fmt.Sprintf("s%04d", i)
 	}
 	return benchParallel(ctx, n, benchWideWorkers, func(i int) error {
-		a := &benchWideAgent{followed: make(chan struct{})}
+		a := &benchWideAgent{followed: make(chan struct{}), listed: make(chan time.Time, 16)}
 		var err error
 		if a.cli, err = env.clientOf(base, f.cnt.dialOptions()...); err != nil {
 			return err
@@ -279,7 +346,7 @@ func (f *benchWideFleet) start(ctx context.Context, env *benchEnv, base, watchBa
 		if a.host, err = coord.RegisterHostLiveness(ctx, a.cli, benchMeta("wide", i), coord.LivenessOptions{Prefix: f.prefix + "hosts/", TTL: f.cfg.wideTTL}); err != nil {
 			return err
 		}
-		if a.w, err = coord.NewHostWatcher(ctx, a.watchCli, coord.WatcherOptions{Prefix: f.prefix + "hosts/"}); err != nil {
+		if a.w, err = coord.NewHostWatcher(ctx, a.watchCli, coord.WatcherOptions{Prefix: f.prefix + "hosts/", OnSignal: a.signal}); err != nil {
 			return err
 		}
 		go a.follow()
@@ -317,6 +384,152 @@ func (a *benchWideAgent) follow() {
 	}
 }
 
+// signal notes when the watcher lists the hosts again.
+func (a *benchWideAgent) signal(sig coord.Signal) {
+	if sig.Kind == coord.SignalWatcherResync {
+		select {
+		case a.listed <- time.Now():
+		default:
+		}
+	}
+}
+
+// replaced replaces etcd under the fleet by an empty one and waits until
+// every watcher has listed the hosts again and has every host, each
+// registered again on the new etcd, and every shard is owned again. It
+// measures from when the new etcd serves, sampling its CPU time about
+// every 100 ms.
+func (f *benchWideFleet) replaced(ctx context.Context, etcd *benchCluster, books *clientv3.Client) (r benchWideRelist, err error) {
+	for _, a := range f.agents {
+		for len(a.listed) > 0 {
+			<-a.listed
+		}
+	}
+	// From when the new etcd serves: its start is not the fleet's cost.
+	before, err := etcd.replace()
+	if err != nil {
+		return r, err
+	}
+	t := time.Now()
+	listed := make([]bool, len(f.agents))
+	s := benchCPUSampler{etcd: etcd, last: before, at: t}
+	err = s.until(ctx, 2*time.Minute, func() (bool, error) {
+		done := true
+		for i, a := range f.agents {
+			for len(a.listed) > 0 {
+				r.listings = append(r.listings, <-a.listed)
+				listed[i] = true
+			}
+			done = done && listed[i] && a.up.Load() == int64(len(f.agents))
+		}
+		if !done || !f.ownedAll() {
+			return false, nil
+		}
+		exact, err := f.exact(ctx, books)
+		return exact == len(f.agents), err
+	})
+	r.back = time.Since(t)
+	r.sent, r.cpu, r.peak = s.last.sent-before.sent, s.last.cpu-before.cpu, s.peak
+	return r, err
+}
+
+// listAtOnce has every agent list the hosts and watch them from there, as
+// a watcher lists again, all at once (one Get and a watch each, as a
+// plain etcd client would), and measures it as replaced does.
+func (f *benchWideFleet) listAtOnce(ctx context.Context, etcd *benchCluster) (r benchWideRelist, err error) {
+	before, err := etcd.stat()
+	if err != nil {
+		return r, err
+	}
+	lctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	start := make(chan struct{})
+	listed := make(chan time.Time, len(f.agents))
+	errs := make(chan error, len(f.agents))
+	for _, a := range f.agents {
+		go func() {
+			<-start
+			errs <- benchListWatch(lctx, a.watchCli, f.prefix+"hosts/", listed)
+		}()
+	}
+	t := time.Now()
+	close(start)
+	s := benchCPUSampler{etcd: etcd, last: before, at: t}
+	waited := 0
+	err = s.until(lctx, 2*time.Minute, func() (bool, error) {
+		for len(errs) > 0 {
+			waited++
+			if err := <-errs; err != nil {
+				return false, err
+			}
+		}
+		return waited == len(f.agents), nil
+	})
+	cancel()
+	for ; waited < len(f.agents); waited++ {
+		<-errs
+	}
+	close(listed)
+	for at := range listed {
+		r.listings = append(r.listings, at)
+	}
+	r.back = time.Since(t)
+	r.sent, r.cpu, r.peak = s.last.sent-before.sent, s.last.cpu-before.cpu, s.peak
+	return r, err
+}
+
+// benchListWatch lists prefix, notes when on listed, and watches it from
+// the listing's revision until etcd has the watch.
+func benchListWatch(ctx context.Context, cli *clientv3.Client, prefix string, listed chan<- time.Time) error {
+	g, err := cli.Get(ctx, prefix, clientv3.WithPrefix())
+	if err != nil {
+		return err
+	}
+	listed <- time.Now()
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	for wr := range cli.Watch(wctx, prefix, clientv3.WithPrefix(), clientv3.WithRev(g.Header.Revision+1), clientv3.WithCreatedNotify()) {
+		if wr.Created || wr.Err() != nil {
+			return wr.Err()
+		}
+	}
+	return ctx.Err()
+}
+
+// benchCPUSampler reads etcd's use about every 100 ms, keeping its busiest
+// interval's CPU in cores.
+type benchCPUSampler struct {
+	etcd *benchCluster
+	last benchClusterStat
+	at   time.Time
+	peak float64
+}
+
+// until samples until done says so, for at most limit.
+func (s *benchCPUSampler) until(ctx context.Context, limit time.Duration, done func() (bool, error)) error {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		st, err := s.etcd.stat()
+		if err != nil {
+			return err
+		}
+		now := time.Now()
+		s.peak = max(s.peak, float64(st.cpu-s.last.cpu)/float64(now.Sub(s.at)))
+		s.last, s.at = st, now
+		if ok, err := done(); ok || err != nil {
+			return err
+		}
+	}
+}
+
 // hostsUp waits until every watcher has the n hosts up.
 func (f *benchWideFleet) hostsUp(ctx context.Context, n int) error {
 	if err := benchPoll(ctx, time.Minute, func() bool {
@@ -334,15 +547,18 @@ func (f *benchWideFleet) hostsUp(ctx context.Context, n int) error {
 
 // owned waits, a minute at most, until every shard has its owner.
 func (f *benchWideFleet) owned(ctx context.Context) error {
-	return benchPoll(ctx, time.Minute, func() bool {
-		owned := 0
-		for _, a := range f.agents {
-			if a.set != nil {
-				owned += len(a.set.Owned())
-			}
+	return benchPoll(ctx, time.Minute, f.ownedAll)
+}
+
+// ownedAll reports whether every shard has its owner.
+func (f *benchWideFleet) ownedAll() bool {
+	owned := 0
+	for _, a := range f.agents {
+		if a.set != nil {
+			owned += len(a.set.Owned())
 		}
-		return owned == f.cfg.wideShards
-	})
+	}
+	return owned == f.cfg.wideShards
 }
 
 // update updates the agents' metadata in turn, wideRate per second, each

@@ -251,7 +251,7 @@ func benchWideRun(ctx context.Context, env *benchEnv, cfg Config, n int, viaProx
 	if err := r.measure(ctx, f, etcd, proxy, before, books); err != nil || viaProxy {
 		return r, err
 	}
-	if r.replaced, err = f.replaced(ctx, etcd, books); err != nil {
+	if r.replaced, err = f.replaced(ctx, env, etcd, books); err != nil {
 		return r, fmt.Errorf("etcd replaced: %w", err)
 	}
 	env.progress("scenario 12: %d agents: every host back at every watcher %v after etcd was replaced", n, r.replaced.back.Round(time.Millisecond))
@@ -399,7 +399,7 @@ func (a *benchWideAgent) signal(sig coord.Signal) {
 // registered again on the new etcd, and every shard is owned again. It
 // measures from when the new etcd serves, sampling its CPU time about
 // every 100 ms.
-func (f *benchWideFleet) replaced(ctx context.Context, etcd *benchCluster, books *clientv3.Client) (r benchWideRelist, err error) {
+func (f *benchWideFleet) replaced(ctx context.Context, env *benchEnv, etcd *benchCluster, books *clientv3.Client) (r benchWideRelist, err error) {
 	for _, a := range f.agents {
 		for len(a.listed) > 0 {
 			<-a.listed
@@ -413,16 +413,27 @@ func (f *benchWideFleet) replaced(ctx context.Context, etcd *benchCluster, books
 	t := time.Now()
 	listed := make([]bool, len(f.agents))
 	s := benchCPUSampler{etcd: etcd, last: before, at: t}
-	err = s.until(ctx, 2*time.Minute, func() (bool, error) {
-		done := true
+	told := t
+	err = s.until(ctx, 5*time.Minute, func() (bool, error) {
+		relisted, whole := 0, 0
 		for i, a := range f.agents {
 			for len(a.listed) > 0 {
 				r.listings = append(r.listings, <-a.listed)
 				listed[i] = true
 			}
-			done = done && listed[i] && a.up.Load() == int64(len(f.agents))
+			if listed[i] {
+				relisted++
+				if a.up.Load() == int64(len(f.agents)) {
+					whole++
+				}
+			}
 		}
-		if !done || !f.ownedAll() {
+		if time.Since(told) >= 10*time.Second {
+			told = time.Now()
+			env.progress("scenario 12: %d agents, etcd replaced %v ago: %d watchers listed again, %d of them with every host",
+				len(f.agents), time.Since(t).Round(time.Second), relisted, whole)
+		}
+		if whole < len(f.agents) || !f.ownedAll() {
 			return false, nil
 		}
 		exact, err := f.exact(ctx, books)
@@ -637,12 +648,15 @@ func (f *benchWideFleet) exact(ctx context.Context, books *clientv3.Client) (int
 // stop closes the agents' clients first, as a crash of the whole fleet
 // (the etcd goes with the run), then what ran on them.
 func (f *benchWideFleet) stop() {
-	for _, a := range f.agents {
-		if a != nil {
+	// In parallel: a client whose connection etcd is too busy to read
+	// takes up to 5 s to close (gRPC's wait for its GOAWAY).
+	_ = benchParallel(context.Background(), len(f.agents), len(f.agents), func(i int) error {
+		if a := f.agents[i]; a != nil {
 			_ = a.cli.Close()
 			_ = a.watchCli.Close()
 		}
-	}
+		return nil
+	})
 	_ = benchParallel(context.Background(), len(f.agents), benchWideWorkers, func(i int) error {
 		a := f.agents[i]
 		if a == nil {

@@ -21,6 +21,7 @@ func TestCompatGRPCProxy(t *testing.T) {
 	}{
 		{"watchers", testCompatProxyWatchers}, // through the proxy, leases direct
 		{"shardset", testCompatProxyShardSet}, // its host watch through the proxy
+		{"observe", testCompatProxyObserve},   // an election's observers through the proxy
 		{"lease", testCompatProxyLease},       // through the proxy: outlives its client
 	} {
 		t.Run(p.name, func(t *testing.T) {
@@ -105,6 +106,42 @@ func testCompatProxyShardSet(t *testing.T) {
 	e := compatEtcd(t)
 	g := coordtest.NewGRPCProxy(t, e)
 	compatShardSet(t, e, "grpc-proxy/shardset", func(tb testing.TB) *clientv3.Client { return g.NewClient(tb) })
+}
+
+// testCompatProxyObserve: observers of an election, each Observe through
+// the proxy (WatchClient), see the leader, and its successor once it
+// crashes: within the TTL, as directly.
+func testCompatProxyObserve(t *testing.T) {
+	e := compatEtcd(t)
+	g := coordtest.NewGRPCProxy(t, e)
+	ttl := compatTTL()
+	opts := ElectionOptions{Key: "/compat/observed", TTL: ttl}
+	px := e.NewProxy(t)
+	leaderCli := px.NewClient(t)
+	etCampaign(t, etElection(t, leaderCli, opts), "a")
+	var observed []<-chan string
+	for range 3 {
+		o := opts
+		o.WatchClient = g.NewClient(t)
+		obs := etElection(t, e.Client(), o).Observe(testCtx(t))
+		etExpect(t, obs, "a")
+		observed = append(observed, obs)
+	}
+	res := etCampaignAsync(testCtx(t), etElection(t, e.Client(), opts), "b")
+	etWaitCount(t, e.Client(), opts.Key+"/", 2, clientv3.WithPrefix())
+	px.Blackhole()
+	crashed := time.Now()
+	leaderCli.Close()
+	var took time.Duration
+	for _, obs := range observed {
+		etExpect(t, obs, "b")
+		took = max(took, time.Since(crashed))
+	}
+	if r := etWait(t, res); r.err != nil {
+		t.Fatal(r.err)
+	}
+	compatWithin(t, "leader crash → successor observed through the proxy", took, ttl)
+	compatFigures(t, "grpc-proxy/observe", "crash-observed", took)
 }
 
 // compatMarks returns how many events each recorder holds now.

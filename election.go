@@ -1,6 +1,7 @@
 package coord
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -20,6 +21,7 @@ import (
 // ErrClientClosed.
 type Election struct {
 	cli      *clientv3.Client
+	watchCli *clientv3.Client // Observe's: WatchClient, else cli
 	key      string
 	prefix   string // key + "/": where candidates live
 	ttl      time.Duration
@@ -63,6 +65,7 @@ func NewElection(ctx context.Context, cli *clientv3.Client, opts ElectionOptions
 		return nil, err
 	}
 	e := newElection(cli, opts.Key, ttl, opts.Identity, logger(opts.Logger), opts.OnSignal, new(etcdMark))
+	e.watchCli = cmp.Or(opts.WatchClient, cli)
 	if _, err := e.session(ctx); err != nil {
 		e.cancel(ErrClosed)
 		return nil, opErr(fmt.Sprintf("election %q", opts.Key), err)
@@ -74,6 +77,7 @@ func newElection(cli *clientv3.Client, key string, ttl time.Duration, identity s
 	ctx, cancel := context.WithCancelCause(context.Background())
 	e := &Election{
 		cli:      cli,
+		watchCli: cli,
 		key:      key,
 		prefix:   key + "/",
 		ttl:      ttl,
@@ -364,10 +368,11 @@ func (e *Election) Leader(ctx context.Context) (string, error) {
 // there is none: first the current one, then each change. A slow reader
 // gets the latest leader, not every one in between. It reports what etcd
 // holds: a process that stepped down while cut off may be shown until its
-// key goes. The channel is closed when ctx ends, on Close, or when the
-// client is closed; etcd faults do not close it: it retries with backoff,
-// and logs a refusal (permission denied) as a warning. After Close it
-// returns a closed channel.
+// key goes. It reads and watches through the election's WatchClient, if
+// it has one. The channel is closed when ctx ends, on Close, or when the
+// client (or WatchClient) is closed; etcd faults do not close it: it
+// retries with backoff, and logs a refusal (permission denied) as a
+// warning. After Close it returns a closed channel.
 func (e *Election) Observe(ctx context.Context) <-chan string {
 	ch := make(chan string)
 	e.mu.Lock()
@@ -402,7 +407,7 @@ type observer struct {
 func (o *observer) run(ctx context.Context) {
 	var r retry
 	for {
-		resp, err := o.e.cli.Get(ctx, o.e.prefix, clientv3.WithPrefix())
+		resp, err := o.e.watchCli.Get(ctx, o.e.prefix, clientv3.WithPrefix())
 		if err == nil {
 			var news bool
 			news, err = o.follow(ctx, resp)
@@ -413,7 +418,7 @@ func (o *observer) run(ctx context.Context) {
 		if o.ended(ctx) {
 			return
 		}
-		if fatal(ctx, o.e.cli, err) != nil {
+		if fatal(ctx, o.e.watchCli, err) != nil {
 			o.e.log.Warn("coord: observe: etcd refuses, retrying", "err", err)
 		} else {
 			o.e.log.Debug("coord: observe: watch broke, listing again", "err", err)
@@ -432,7 +437,7 @@ func (o *observer) follow(ctx context.Context, resp *clientv3.GetResponse) (news
 	}
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
-	wch := o.e.cli.Watch(wctx, o.e.prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
+	wch := o.e.watchCli.Watch(wctx, o.e.prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
 	for {
 		var out chan<- string
 		cur := leaderOf(cands)
@@ -464,9 +469,9 @@ func (o *observer) follow(ctx context.Context, resp *clientv3.GetResponse) (news
 }
 
 // ended reports whether the observer is to end: its ctx ended (Close
-// included) or the client was closed.
+// included) or a client it uses was closed.
 func (o *observer) ended(ctx context.Context) bool {
-	return ctx.Err() != nil || o.e.cli.Ctx().Err() != nil
+	return ctx.Err() != nil || o.e.cli.Ctx().Err() != nil || o.e.watchCli.Ctx().Err() != nil
 }
 
 // leaderOf returns the value of the candidate created first, "" if none.

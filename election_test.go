@@ -939,6 +939,32 @@ func TestElectionObserve(t *testing.T) {
 		// The election is unharmed.
 		etCampaign(t, e, "a")
 	})
+	t.Run("WatchClient carries Observe, standalone or pooled: closing it closes the channel, the election unharmed", func(t *testing.T) {
+		srv, cli := newEtcd(t)
+		ws, wp := srv.NewClient(t), srv.NewClient(t)
+		pool := ptPool(t, cli, PoolOptions{TTL: 2 * time.Second, WatchClient: wp})
+		for _, c := range []struct {
+			name string
+			e    *Election
+			w    *clientv3.Client
+		}{
+			{"standalone", etElection(t, cli, ElectionOptions{Key: etKey + "-standalone", WatchClient: ws}), ws},
+			{"pooled", ptElection(t, pool, etKey+"-pooled"), wp},
+		} {
+			obs := c.e.Observe(testCtx(t))
+			etExpect(t, obs, "")
+			etCampaign(t, c.e, c.name)
+			etExpect(t, obs, c.name)
+			if err := c.w.Close(); err != nil {
+				t.Fatal(err)
+			}
+			etDrained(t, obs)
+			if err := c.e.Resign(testCtx(t)); err != nil {
+				t.Fatalf("%s: Resign after its WatchClient closed: %v", c.name, err)
+			}
+			etCampaign(t, c.e, c.name)
+		}
+	})
 	t.Run("Observe closes on Close and is closed after it", func(t *testing.T) {
 		_, cli := newEtcd(t)
 		e := etElection(t, cli, ElectionOptions{})

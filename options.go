@@ -135,6 +135,12 @@ type ElectionOptions struct {
 	// Identity is the value proclaimed by Campaign and TryCampaign when they
 	// are given "". Default: the host name.
 	Identity string
+	// WatchClient, if set, is the client of Observe's reads and watches:
+	// a client of etcd's gRPC proxy where many processes observe one
+	// election (docs/fleet.md). nil: the election's own client. A
+	// campaign's reads and watches, its writes and its lease stay on the
+	// election's client: they decide who leads, on etcd's own answers.
+	WatchClient *clientv3.Client
 	// Logger receives the election's records; nil discards them.
 	Logger *slog.Logger
 	// OnSignal, if set, receives state changes and counts for metrics.
@@ -186,6 +192,9 @@ type PoolOptions struct {
 	// KeysPerSession is how many elections share one session (one lease)
 	// at most; 0 means DefaultKeysPerSession, negative is an error.
 	KeysPerSession int
+	// WatchClient, if set, is the client of the pooled elections'
+	// Observe, as ElectionOptions.WatchClient.
+	WatchClient *clientv3.Client
 	// Logger receives the pool's records; nil discards them.
 	Logger *slog.Logger
 	// OnSignal, if set, receives state changes and counts for metrics.

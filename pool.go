@@ -1,6 +1,7 @@
 package coord
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -101,6 +102,7 @@ func (p *ElectionPool) Election(ctx context.Context, key string) (*Election, err
 		}
 	}
 	e := newElection(p.cli, key, p.opts.TTL, p.opts.Identity, p.log, p.opts.OnSignal, &p.mark)
+	e.watchCli = cmp.Or(p.opts.WatchClient, p.cli)
 	e.pool, e.unclaim = p, unclaim
 	p.elections[key] = e
 	return e, nil

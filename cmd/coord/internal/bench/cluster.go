@@ -91,9 +91,9 @@ func benchProxyChild(target string, in io.Reader, out io.Writer) int {
 }
 
 // benchChildStats answers each "stat" line read from in with "stat <cpu
-// ns> <rss bytes> <peak rss bytes> 0 <sent bytes> <watches>" (0 where the
-// platform cannot tell; sent and watches: etcd's, see benchEtcdMetrics,
-// 0 in a proxy), and each "gc" line the same way after a garbage
+// ns> <rss bytes> <peak rss bytes> 0 <sent bytes> <watches> <when, Unix
+// ns>" (0 where the platform cannot tell; sent and watches: etcd's, see
+// benchEtcdMetrics, 0 in a proxy; when: of the CPU time's reading), and each "gc" line the same way after a garbage
 // collection that gives freed memory back to the system, with the live
 // heap in place of the 0. A "replace" line calls replace (nil: none) and
 // is answered as "stat" once it has returned, or with "error <why>".
@@ -121,10 +121,11 @@ func benchChildStats(in io.Reader, out io.Writer, replace func() error) {
 		default:
 			continue
 		}
+		at := time.Now().UnixNano()
 		cpu, _ := benchProcessCPU()
 		rss, peak := benchProcessRSS()
 		sent, watchers := benchEtcdMetrics()
-		fmt.Fprintf(out, "stat %d %d %d %d %d %d\n", cpu, rss, peak, heap, sent, watchers)
+		fmt.Fprintf(out, "stat %d %d %d %d %d %d %d\n", cpu, rss, peak, heap, sent, watchers, at)
 	}
 }
 
@@ -272,10 +273,11 @@ type benchCluster struct {
 // benchClusterStat is what the child process has used.
 type benchClusterStat struct {
 	cpu       time.Duration
-	rss, peak int64 // bytes; 0 where the platform cannot tell
-	heap      int64 // bytes of live heap, after a gc
-	sent      int64 // bytes etcd's gRPC server sent to its clients; 0 in a proxy
-	watches   int64 // watches etcd serves; 0 in a proxy
+	rss, peak int64     // bytes; 0 where the platform cannot tell
+	heap      int64     // bytes of live heap, after a gc
+	sent      int64     // bytes etcd's gRPC server sent to its clients; 0 in a proxy
+	watches   int64     // watches etcd serves; 0 in a proxy
+	at        time.Time // when the child read its CPU time
 }
 
 // start starts the child, command name with args and env.
@@ -389,17 +391,17 @@ func (c *benchCluster) ask(what string) (benchClusterStat, error) {
 		return benchClusterStat{}, fmt.Errorf("bench: cluster: %w%s", err, c.stderr.suffix())
 	}
 	line, err := c.out.ReadString('\n')
-	var cpu, rss, peak, heap, sent, watches int64
+	var cpu, rss, peak, heap, sent, watches, at int64
 	if why, ok := strings.CutPrefix(line, "error "); ok {
 		return benchClusterStat{}, fmt.Errorf("bench: cluster: %s: %s", what, strings.TrimSpace(why))
 	}
 	if err == nil {
-		_, err = fmt.Sscanf(line, "stat %d %d %d %d %d %d", &cpu, &rss, &peak, &heap, &sent, &watches)
+		_, err = fmt.Sscanf(line, "stat %d %d %d %d %d %d %d", &cpu, &rss, &peak, &heap, &sent, &watches, &at)
 	}
 	if err != nil {
 		return benchClusterStat{}, fmt.Errorf("bench: cluster: reading its stats: %w%s", err, c.stderr.suffix())
 	}
-	return benchClusterStat{cpu: time.Duration(cpu), rss: rss, peak: peak, heap: heap, sent: sent, watches: watches}, nil
+	return benchClusterStat{cpu: time.Duration(cpu), rss: rss, peak: peak, heap: heap, sent: sent, watches: watches, at: time.Unix(0, at)}, nil
 }
 
 // close ends the child (it exits when its stdin closes; killed if it has

@@ -54,6 +54,8 @@ type benchWideResult struct {
 type benchWideRelist struct {
 	back     time.Duration // until every watcher had listed and had every host, every shard owned
 	short    string        // if they had not within the limit: how far they were
+	grants   int64         // leases the agents were granted meanwhile: one each if no registration lapsed
+	hosts    int64         // hosts registered in etcd at the end
 	sent     int64         // bytes etcd sent meanwhile
 	cpu      time.Duration // etcd's CPU time meanwhile
 	peak     float64       // etcd's CPU over its busiest sample (about 100 ms), in cores
@@ -145,9 +147,11 @@ func benchWideRow(cfg Config, d, p benchWideResult) benchRow {
 
 // benchWideReplacedRow is the row of one fleet size's etcd replaced.
 func benchWideReplacedRow(d benchWideResult) benchRow {
-	coord, plain := fmt.Sprintf("back after %.2f s; %s", d.replaced.back.Seconds(), d.replaced), d.atOnce.String()
+	leases := fmt.Sprintf("%s leases granted to the agents (%s if no registration lapsed), %s hosts registered at the end",
+		benchCount(int(d.replaced.grants)), benchCount(d.agents), benchCount(int(d.replaced.hosts)))
+	coord, plain := fmt.Sprintf("back after %.2f s; %s; %s", d.replaced.back.Seconds(), d.replaced, leases), d.atOnce.String()
 	if d.replaced.short != "" {
-		coord = fmt.Sprintf("%s; meanwhile %s", d.replaced.short, d.replaced)
+		coord = fmt.Sprintf("%s; meanwhile %s; %s", d.replaced.short, d.replaced, leases)
 		plain = "not run: the fleet had not settled"
 	}
 	return benchRow{
@@ -418,13 +422,14 @@ func (f *benchWideFleet) replaced(ctx context.Context, env *benchEnv, etcd *benc
 		}
 	}
 	// From when the new etcd serves: its start is not the fleet's cost.
+	grants := f.cnt.grants.Load()
 	before, err := etcd.replace()
 	if err != nil {
 		return r, err
 	}
 	t := time.Now()
 	listed := make([]bool, len(f.agents))
-	s := benchCPUSampler{etcd: etcd, last: before, at: t}
+	s := benchCPUSampler{etcd: etcd, last: before}
 	told := t
 	var relisted, whole int
 	err = s.until(ctx, benchWideBackLimit, func() (bool, error) {
@@ -454,6 +459,10 @@ func (f *benchWideFleet) replaced(ctx context.Context, env *benchEnv, etcd *benc
 	})
 	r.back = time.Since(t)
 	r.sent, r.cpu, r.peak = s.last.sent-before.sent, s.last.cpu-before.cpu, s.peak
+	r.grants = f.cnt.grants.Load() - grants
+	if g, gerr := books.Get(ctx, f.prefix+"hosts/", clientv3.WithPrefix(), clientv3.WithCountOnly()); gerr == nil {
+		r.hosts = g.Count
+	}
 	if errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil {
 		r.short = fmt.Sprintf("not back after %v: %d of %d watchers had listed again, %d of them with every host", benchWideBackLimit, relisted, len(f.agents), whole)
 		return r, nil
@@ -486,7 +495,7 @@ func (f *benchWideFleet) listAtOnce(ctx context.Context, etcd *benchCluster) (r 
 	}
 	t := time.Now()
 	close(start)
-	s := benchCPUSampler{etcd: etcd, last: before, at: t}
+	s := benchCPUSampler{etcd: etcd, last: before}
 	waited := 0
 	err = s.until(lctx, 2*time.Minute, func() (bool, error) {
 		for len(errs) > 0 {
@@ -529,11 +538,12 @@ func benchListWatch(ctx context.Context, cli *clientv3.Client, prefix string, li
 }
 
 // benchCPUSampler reads etcd's use about every 100 ms, keeping its busiest
-// interval's CPU in cores.
+// interval's CPU in cores: CPU time over the child's own clock between
+// two readings at least 90 ms apart (an answer can come late).
 type benchCPUSampler struct {
 	etcd *benchCluster
 	last benchClusterStat
-	at   time.Time
+	from benchClusterStat // the start of the interval being sampled
 	peak float64
 }
 
@@ -553,9 +563,14 @@ func (s *benchCPUSampler) until(ctx context.Context, limit time.Duration, done f
 		if err != nil {
 			return err
 		}
-		now := time.Now()
-		s.peak = max(s.peak, float64(st.cpu-s.last.cpu)/float64(now.Sub(s.at)))
-		s.last, s.at = st, now
+		if s.from.at.IsZero() {
+			s.from = s.last
+		}
+		if dt := st.at.Sub(s.from.at); dt >= 90*time.Millisecond {
+			s.peak = max(s.peak, float64(st.cpu-s.from.cpu)/float64(dt))
+			s.from = st
+		}
+		s.last = st
 		if ok, err := done(); ok || err != nil {
 			return err
 		}

@@ -362,7 +362,9 @@ func (f *benchWideFleet) start(ctx context.Context, env *benchEnv, base, watchBa
 		if a.host, err = coord.RegisterHostLiveness(ctx, a.cli, benchMeta("wide", i), coord.LivenessOptions{Prefix: f.prefix + "hosts/", TTL: f.cfg.wideTTL}); err != nil {
 			return err
 		}
-		if a.w, err = coord.NewHostWatcher(ctx, a.watchCli, coord.WatcherOptions{Prefix: f.prefix + "hosts/", OnSignal: a.signal}); err != nil {
+		// UnhealthyAfter as the TTL (the default at the full run's 10 s):
+		// a quiet watcher checks etcd's revision every third of it.
+		if a.w, err = coord.NewHostWatcher(ctx, a.watchCli, coord.WatcherOptions{Prefix: f.prefix + "hosts/", UnhealthyAfter: f.cfg.wideTTL, OnSignal: a.signal}); err != nil {
 			return err
 		}
 		go a.follow()

@@ -76,7 +76,9 @@ join and a crash, next to every host campaigning for every shard on a
 lease per shard, at a size where that fits), a semaphore (scenario 11:
 Acquire → Release throughput under contention, and the handover to the
 next waiter), and a wide fleet (scenario 12: 100 to 1,000 agents, their
-watches straight to etcd or through etcd's gRPC proxy). Progress goes to
+watches straight to etcd or through etcd's gRPC proxy; then, straight to
+etcd, the etcd replaced by an empty one under the fleet, until every
+agent is back, next to the same listings all at once). Progress goes to
 stderr.
 
 By default it starts an embedded single-member etcd in a temporary
@@ -86,7 +88,7 @@ deployment in a child process, and the proxy in another. With
 --endpoints it runs against that cluster instead (scenario 12 still on
 its own), writing under /coord-bench/ and deleting what it wrote at the
 end; it creates about 250 clients and, in the full run, 100,000 keys.
-The full run takes about fifteen minutes, --quick about one.
+The full run takes about twenty-five minutes, --quick about one.
 
 With --json FILE it also writes the run's figures to FILE, with when, on
 which commit and on how busy a machine it ran. With --render FILE... it

@@ -110,7 +110,7 @@ type Config struct {
 // Scenarios is the number of scenarios, the largest number Only takes.
 const Scenarios = len(scenarios)
 
-// Full is the full run reported in BENCHMARKS.md (about 15 minutes on 2
+// Full is the full run reported in BENCHMARKS.md (about 25 minutes on 2
 // cores). Scenario 10 runs at the library's default TTL and starts its
 // hosts 100 ms apart: started all at once, 32 hosts × 4,096 shards, all in
 // this process next to etcd on 2 cores, lose leaderships to renewals

@@ -47,9 +47,10 @@ type shardView struct {
 	gen     *viewGen
 	follows map[string]*shardFollow
 	// rev is the etcd revision our view of the members has reached;
-	// moved is closed and replaced as it, or a shard's, moves.
+	// waits holds, by shard, the won shards waiting for our view to
+	// reach their revision (see catchUp).
 	rev   int64
-	moved chan struct{}
+	waits map[string][]*catchWait
 	// replaced holds the word that etcd was replaced (the host
 	// watcher's, or heard's), until our view is listed again; mark
 	// follows the etcd of our view, from its answers and ours.
@@ -212,6 +213,7 @@ func (s *ShardSet) scopeLocked(shard string) {
 		ctx, stop := context.WithCancel(s.viewCtx(g.ctx, viewShards))
 		f.stop = stop
 		s.view.follows[shard] = f
+		s.wakeLocked(shard) // f starts at the listing
 		g.wg.Add(1)
 		go s.followShard(ctx, g, f)
 	case !in && (f != nil || g.listed != 0):
@@ -298,8 +300,7 @@ func (s *ShardSet) readShard(ctx context.Context, key string) *clientv3.GetRespo
 func (s *ShardSet) shardAtLocked(f *shardFollow, rev int64) {
 	if rev > f.at {
 		f.at = rev
-		close(s.view.moved)
-		s.view.moved = make(chan struct{})
+		s.wakeLocked(f.shard)
 	}
 	s.reconcileLocked(f.shard)
 }
@@ -331,9 +332,50 @@ func (s *ShardSet) forgetViewLocked() {
 func (s *ShardSet) viewAtLocked(rev int64) {
 	if rev > s.view.rev {
 		s.view.rev = rev
-		close(s.view.moved)
-		s.view.moved = make(chan struct{})
+		for shard := range s.view.waits {
+			s.wakeLocked(shard)
+		}
 	}
+}
+
+// catchWait is a won shard's wait for our view to reach rev (see
+// catchUp): caught is closed once it has.
+type catchWait struct {
+	rev    int64
+	caught chan struct{}
+}
+
+// caughtUpLocked reports whether our view of the members and of shard's
+// candidates has reached revision rev, with how far each has.
+func (s *ShardSet) caughtUpLocked(shard string, rev int64) (ok bool, members, at int64) {
+	if f := s.view.follows[shard]; f != nil {
+		at = f.at
+	}
+	return s.view.rev >= rev && at >= rev, s.view.rev, at
+}
+
+// wakeLocked ends the waits of shard that our view has caught up with.
+// Only the waits it may end are looked at: a view that moves does not
+// wake every won shard waiting (at a fleet's cold start, a member wins
+// a hundred shards at once, and its view moves on each candidate put).
+func (s *ShardSet) wakeLocked(shard string) {
+	waits := slices.DeleteFunc(s.view.waits[shard], func(cw *catchWait) bool {
+		ok, _, _ := s.caughtUpLocked(shard, cw.rev)
+		if ok {
+			close(cw.caught)
+		}
+		return ok
+	})
+	s.setWaitsLocked(shard, waits)
+}
+
+// setWaitsLocked records waits as shard's (see catchUp).
+func (s *ShardSet) setWaitsLocked(shard string, waits []*catchWait) {
+	if len(waits) == 0 {
+		delete(s.view.waits, shard)
+		return
+	}
+	s.view.waits[shard] = waits
 }
 
 // The gRPC streams of our view's watches: the members' watch has one of
@@ -366,39 +408,42 @@ func (s *ShardSet) viewCtx(ctx context.Context, stream string) context.Context {
 // with backoff (etcd answers every watch of the stream at once, once
 // every one has caught up).
 func (s *ShardSet) catchUp(ctx context.Context, shard string, rev int64) {
-	var (
-		r    retry
-		next time.Time // when to ask etcd where the watches are, again
-	)
-	for ctx.Err() == nil {
-		s.mu.Lock()
-		members, at, moved := s.view.rev, int64(0), s.view.moved
-		if f := s.view.follows[shard]; f != nil {
-			at = f.at
-		}
+	s.mu.Lock()
+	ok, members, at := s.caughtUpLocked(shard, rev)
+	if ok {
 		s.mu.Unlock()
-		if members >= rev && at >= rev {
-			return
-		}
-		if now := time.Now(); !now.Before(next) {
-			if next.IsZero() {
-				s.log.Debug("coord: shard won, waiting for our view to catch up", "members", members, "shard", at, "won", rev)
-			}
-			// A watch's stream is the one of its ctx's metadata.
-			for stream, behind := range map[string]bool{viewMembers: members < rev, viewShards: at < rev} {
-				if behind {
-					s.cli.RequestProgress(s.viewCtx(ctx, stream))
-				}
-			}
-			next = now.Add(r.next())
-		}
-		t := time.NewTimer(time.Until(next))
+		return
+	}
+	cw := &catchWait{rev: rev, caught: make(chan struct{})}
+	s.view.waits[shard] = append(s.view.waits[shard], cw)
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.setWaitsLocked(shard, slices.DeleteFunc(s.view.waits[shard], func(w *catchWait) bool { return w == cw }))
+	}()
+	s.log.Debug("coord: shard won, waiting for our view to catch up", "members", members, "shard", at, "won", rev)
+	var r retry
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
 		select {
-		case <-moved:
-		case <-t.C:
+		case <-cw.caught:
+			return
 		case <-ctx.Done():
+			return
+		case <-t.C:
 		}
-		t.Stop()
+		s.mu.Lock()
+		_, members, at = s.caughtUpLocked(shard, rev)
+		s.mu.Unlock()
+		// A watch's stream is the one of its ctx's metadata.
+		for stream, behind := range map[string]bool{viewMembers: members < rev, viewShards: at < rev} {
+			if behind {
+				s.cli.RequestProgress(s.viewCtx(ctx, stream))
+			}
+		}
+		t.Reset(r.next())
 	}
 }
 

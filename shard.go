@@ -566,6 +566,12 @@ func (s *ShardSet) refreshLocked() {
 	for shard := range s.workers {
 		s.reconcileLocked(shard)
 	}
+	// A standby waiting for a shard's first candidate may rank first now
+	// (the member it waited for is gone, or ranks after us now that the
+	// view has every member): it need not wait any longer.
+	for shard := range s.settle.standbySince {
+		s.reconcileLocked(shard)
+	}
 }
 
 // update applies f to the state, then refreshes the shards.

@@ -32,6 +32,7 @@ func TestShardMembers(t *testing.T) {
 	t.Run("WatchClient carries the host watch: the hosts are ranked through it, and closing it ends the set", testShardWatchClient)
 	t.Run("Run is called only for shards we rank for: decisions on complete views", testShardCompleteViews)
 	t.Run("a member key put again and a better-ranked candidacy in one watch response hand the shard over", testShardMemberAndCandidateBatch)
+	t.Run("a standby waiting for a shard's first candidate campaigns at once when it comes to rank first", testShardStandbyRanksFirst)
 	t.Run("a drain hands over at most MaxMoves shards at once, though each has a standby in line", testShardDrainMaxMoves)
 	t.Run("a drain's new standby holds no move slot once in line behind a better-ranked member", testShardDrainStandbys)
 }
@@ -603,4 +604,31 @@ func testShardDrainStandbys(t *testing.T) {
 		defer b.set.mu.Unlock()
 		return b.set.moves.inFlight == 0
 	})
+}
+
+// testShardStandbyRanksFirst: b is the standby of s0 (Replicas 2), whose
+// top member, a, announced by hand, never campaigns: b waits for its first
+// candidate (half the TTL, 30 s here). a's member key goes: b ranks first
+// now, and campaigns at once. It once waited out the half TTL, its place
+// among the shard's candidates unchanged: at a fleet's cold start, views
+// ranking members the others had not seen yet, shards went unowned for
+// seconds.
+func testShardStandbyRanksFirst(t *testing.T) {
+	_, l, a, b := shRanked(t, "s0")
+	lease, err := a.cli.Grant(testCtx(t), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.cli.Put(testCtx(t), memberKey(ShardsPrefix, a.id), fmt.Sprintf(`{"host_uuid":%q,"weight":1}`, a.id), clientv3.WithLease(lease.ID)); err != nil {
+		t.Fatal(err)
+	}
+	// Started, b has ranked s0 with a first: it stands by.
+	b.start(t, l, ShardOptions{Shards: []string{"s0"}, Replicas: 2, TTL: time.Minute})
+	if m := b.set.Members(); len(m) != 2 {
+		t.Fatalf("b's members %v, want a and b", m)
+	}
+	if _, err := a.cli.Delete(testCtx(t), memberKey(ShardsPrefix, a.id)); err != nil {
+		t.Fatal(err)
+	}
+	l.until(t, "b owning s0, well before half its TTL", func() bool { return len(b.set.Owned()) == 1 })
 }

@@ -88,7 +88,7 @@ deployment in a child process, and the proxy in another. With
 --endpoints it runs against that cluster instead (scenario 12 still on
 its own), writing under /coord-bench/ and deleting what it wrote at the
 end; it creates about 250 clients and, in the full run, 100,000 keys.
-The full run takes about twenty-five minutes, --quick about one.
+The full run takes about twenty minutes, --quick about one.
 
 With --json FILE it also writes the run's figures to FILE, with when, on
 which commit and on how busy a machine it ran. With --render FILE... it

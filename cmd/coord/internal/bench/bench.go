@@ -110,12 +110,10 @@ type Config struct {
 // Scenarios is the number of scenarios, the largest number Only takes.
 const Scenarios = len(scenarios)
 
-// Full is the full run reported in BENCHMARKS.md (about 25 minutes on 2
+// Full is the full run reported in BENCHMARKS.md (about 20 minutes on 2
 // cores). Scenario 10 runs at the library's default TTL and starts its
-// hosts 100 ms apart: started all at once, 32 hosts × 4,096 shards, all in
-// this process next to etcd on 2 cores, lose leaderships to renewals
-// answered too late, and can take long to settle (BENCHMARKS.md, "Where
-// coord costs more"; --shard-stagger 0 shows it).
+// hosts all at once, against its goal (BENCHMARKS.md, "Where coord costs
+// more"); --shard-stagger spreads the starts.
 func Full() Config {
 	return Config{
 		name:       "full",
@@ -130,7 +128,7 @@ func Full() Config {
 		campaignFor: 6 * time.Second, campaignChunk: 500 * time.Millisecond,
 		fleetAgents: 50, fleetKeys: 10_000, fleetMembers: 3,
 		fleetLivenessTTL: 10 * time.Second, fleetPoolTTL: 30 * time.Second, fleetWindow: 20 * time.Second,
-		shardHosts: 32, shardCount: 4096, ShardTTL: 10 * time.Second, ShardStagger: 100 * time.Millisecond,
+		shardHosts: 32, shardCount: 4096, ShardTTL: 10 * time.Second, ShardStagger: 0,
 		shardNaiveHosts: 8, shardNaiveCount: 256, shardRoll: 8,
 		scopeHosts: []int{8, 16, 32}, scopeCount: 1024,
 		semContenders: 16, semLimit: 4, semFor: 6 * time.Second, semChunk: 500 * time.Millisecond,

@@ -490,12 +490,12 @@ func benchShardGaps(h benchShardHandoffs, rtt time.Duration, rtts benchLatencies
 		"strictly, the release signal comes once the drain is over, so gap ≤ 2 round trips: idle, 2 × that median = %s ms %s; "+
 		"under the same load (a Put every %s ms on the bench's client meanwhile, %d of them: median %s ms, largest %s ms), 2 × the median = %s ms %s, 2 × the largest = %s ms %s "+
 		"(%s); the longest handoff (ctx end → acquire) ≤ %s ms %s (%s; the longest Run drain: %s ms). "+
-		"Every gap of the %d handoffs: median %s ms, p99 %s ms; split at the successor's leadership signal (%d of them), release → led: median %s, p99 %s ms; led → acquire: median %s, p99 %s ms",
+		"Every gap of the %d handoffs: median %s ms (goal: ≤ 2 × the loaded Put's median = %s ms %s), p99 %s ms; split at the successor's leadership signal (%d of them), release → led: median %s, p99 %s ms; led → acquire: median %s, p99 %s ms",
 		ms(goal), benchMs(benchShardRunDrain), benchMs(rtt), benchShardRTTs, benchMet(gap <= goal && owned),
 		ms(2*rtt), benchMet(gap <= 2*rtt && owned),
 		benchMs(benchShardProbeEvery), len(rtts), benchMs(med), benchMs(top), ms(2*med), benchMet(gap <= 2*med && owned), ms(2*top), benchMet(gap <= 2*top && owned),
 		gapAt, ms(goal), benchMet(h.span.span() <= goal), spanAt, benchMs(h.drain),
-		h.handoffs, benchMs(benchPct(h.gaps, 50)), benchMs(benchPct(h.gaps, 99)), len(h.toLed),
+		h.handoffs, benchMs(benchPct(h.gaps, 50)), ms(2*med), benchMet(benchPct(h.gaps, 50) <= 2*med), benchMs(benchPct(h.gaps, 99)), len(h.toLed),
 		benchMs(benchPct(h.toLed, 50)), benchMs(benchPct(h.toLed, 99)), benchMs(benchPct(h.fromLed, 50)), benchMs(benchPct(h.fromLed, 99)))
 }
 

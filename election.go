@@ -607,3 +607,47 @@ var closedChan = func() chan struct{} {
 	close(c)
 	return c
 }()
+
+// Healthy returns nil while a Campaign of ours is under way or we lead,
+// on a session whose renewals etcd answers: a standby waiting in line is
+// healthy, and so is an Election that does not campaign. It returns an
+// error when the session's renewals have gone unanswered for over a third
+// of the TTL past the one due (see keeper), or when no session could be
+// granted for over the TTL; and "closed" after Close or once the client
+// is closed.
+func (e *Election) Healthy() error {
+	if err := e.health(time.Now()); err != nil {
+		return opErr(fmt.Sprintf("election %q", e.key), err)
+	}
+	return nil
+}
+
+func (e *Election) health(now time.Time) error {
+	if e.ctx.Err() != nil {
+		return errHClosed
+	}
+	if e.cli.Ctx().Err() != nil {
+		return ErrClientClosed
+	}
+	e.mu.Lock()
+	wanted := e.pending != nil || e.lead != nil && e.lead.ctx.Err() == nil
+	s, granting := e.sess, e.granting
+	e.mu.Unlock()
+	if !wanted {
+		return nil
+	}
+	return judgeSession(s, granting, e.ttl, now)
+}
+
+// granted records that the election has the live session s, or, with
+// nil, that it is getting one.
+func (e *Election) granted(s *session) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	switch {
+	case s != nil:
+		e.sess, e.granting = s, time.Time{}
+	case e.granting.IsZero():
+		e.granting = time.Now()
+	}
+}

@@ -147,3 +147,17 @@ func (e *opError) Error() string {
 }
 
 func (e *opError) Unwrap() error { return e.err }
+
+// Why an object that was stopped or closed is not healthy: it no longer
+// does what it promises.
+var (
+	errStopped = errors.New("stopped")
+	errHClosed = errors.New("closed")
+)
+
+// bare is err without its leading "coord: ", for a message that says it
+// once already.
+type bare struct{ error }
+
+func (b bare) Error() string { return strings.TrimPrefix(b.error.Error(), "coord: ") }
+func (b bare) Unwrap() error { return b.error }

@@ -424,3 +424,31 @@ func (s *session) ready(ctx context.Context) (context.Context, error) {
 
 // hexID formats a lease ID as etcd tools do.
 func hexID(id clientv3.LeaseID) string { return fmt.Sprintf("%x", int64(id)) }
+
+// unanswered says whether the keeper's renewals have gone unanswered too
+// long at now. A renewal is sent a third of the TTL after the last one
+// etcd answered and is tried for a sixth of it: the lease is in doubt once
+// that try is over without an answer, or a second after it was sent if
+// that is sooner (TTLs over 6 s), so that an outage is told within a third
+// of the TTL and a second, long before the keeper turns stale. Judging at
+// a third of the TTL exactly would fail a check that lands during the
+// round trip of every renewal.
+func (k *keeper) unanswered(now time.Time) error {
+	if age := now.Sub(k.lastAnswer()); age > k.ttl/3+min(k.ttl/6, time.Second) {
+		return fmt.Errorf("lease %x: no renewal answered for %v (TTL %v)", int64(k.id), age.Round(time.Millisecond), k.ttl)
+	}
+	return nil
+}
+
+// judgeSession judges the session of a campaign or an acquire under way:
+// granting is when we started to go without a live session (zero while we
+// have one), s the latest session, if any.
+func judgeSession(s *session, granting time.Time, ttl time.Duration, now time.Time) error {
+	if !granting.IsZero() && now.Sub(granting) > ttl {
+		return fmt.Errorf("no session granted for %v (TTL %v)", now.Sub(granting).Round(time.Millisecond), ttl)
+	}
+	if s != nil {
+		return s.k.unanswered(now)
+	}
+	return nil
+}

@@ -635,3 +635,43 @@ func (h *HostLiveness) Err() error {
 	defer h.mu.Unlock()
 	return h.err
 }
+
+// Healthy returns nil while the registration holds its key on a lease
+// whose renewals etcd answers. It returns an error once the registration
+// is lost and healing (from the moment it is found lost, saying since
+// when), when renewals have gone unanswered for over a third of the TTL
+// past the one due (see keeper), once it ended by itself (Err), and
+// "stopped" once Stop was called (a registration that ended by itself
+// says why, even after Stop).
+func (h *HostLiveness) Healthy() error {
+	what := fmt.Sprintf("host %q", h.id)
+	h.mu.Lock()
+	k, lost, why, cause := h.keep, h.lost, h.lostWhy, h.cause
+	h.mu.Unlock()
+	now := time.Now()
+	switch {
+	case cause != nil:
+		return opErr(what, fmt.Errorf("registration ended: %w", bare{cause}))
+	case h.life.Err() != nil:
+		return opErr(what, errStopped)
+	case !lost.IsZero():
+		return opErr(what, fmt.Errorf("registration lost %v ago, healing: %w",
+			now.Sub(lost).Round(time.Millisecond), bare{why}))
+	case k != nil:
+		if err := k.unanswered(now); err != nil {
+			return opErr(what, err)
+		}
+	}
+	return nil
+}
+
+// holding records the keeper of the registration held, or, with nil,
+// that it was lost, err saying why.
+func (h *HostLiveness) holding(k *keeper, err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.keep, h.lost, h.lostWhy = k, time.Time{}, err
+	if k == nil {
+		h.lost = time.Now()
+	}
+}

@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -266,4 +268,42 @@ func (p *ElectionPool) Stats() PoolStats {
 		}
 	}
 	return st
+}
+
+// Healthy judges every election of the pool, as Election.Healthy does,
+// and returns an error naming the first unhealthy one (by key) and how
+// many are; "closed" after Close.
+func (p *ElectionPool) Healthy() error {
+	if err := p.health(time.Now()); err != nil {
+		return opErr("election pool", err)
+	}
+	return nil
+}
+
+func (p *ElectionPool) health(now time.Time) error {
+	p.mu.Lock()
+	closed := p.closed
+	es := make([]*Election, 0, len(p.elections))
+	for _, e := range p.elections {
+		es = append(es, e)
+	}
+	p.mu.Unlock()
+	if closed {
+		return errHClosed
+	}
+	slices.SortFunc(es, func(a, b *Election) int { return strings.Compare(a.key, b.key) })
+	var first error
+	bad := 0
+	for _, e := range es {
+		if err := e.health(now); err != nil {
+			bad++
+			if first == nil {
+				first = fmt.Errorf("election %q: %w", e.key, err)
+			}
+		}
+	}
+	if first != nil {
+		return fmt.Errorf("%d of %d elections unhealthy, first %w", bad, len(es), first)
+	}
+	return nil
 }

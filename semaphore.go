@@ -356,3 +356,45 @@ func (p *Permit) Release(ctx context.Context) error {
 	}
 	return nil
 }
+
+// Healthy returns nil while no Acquire is under way and no permit held,
+// or while they are, on a session whose renewals etcd answers. It returns
+// an error when, with an Acquire under way or a permit held, the
+// session's renewals have gone unanswered for over a third of the TTL
+// past the one due (see keeper), or no session could be granted for over
+// the TTL; and "closed" after Close or once the client is closed.
+func (s *Semaphore) Healthy() error {
+	if err := s.health(time.Now()); err != nil {
+		return opErr(fmt.Sprintf("semaphore %q", s.key), err)
+	}
+	return nil
+}
+
+func (s *Semaphore) health(now time.Time) error {
+	if s.ctx.Err() != nil {
+		return errHClosed
+	}
+	if s.cli.Ctx().Err() != nil {
+		return ErrClientClosed
+	}
+	s.mu.Lock()
+	busy, sess, granting := s.busy, s.sess, s.granting
+	s.mu.Unlock()
+	if busy == 0 {
+		return nil
+	}
+	return judgeSession(sess, granting, s.ttl, now)
+}
+
+// using counts an Acquire under way or a permit held until the returned
+// function is called.
+func (s *Semaphore) using() func() {
+	s.mu.Lock()
+	s.busy++
+	s.mu.Unlock()
+	return func() {
+		s.mu.Lock()
+		s.busy--
+		s.mu.Unlock()
+	}
+}

@@ -971,3 +971,62 @@ func (s *ShardSet) stop(cause error) {
 	s.pool.Close()
 	s.wg.Wait()
 }
+
+// Healthy returns nil while the shard set follows the hosts (its host
+// watcher is healthy, see HostWatcher.Healthy) and the members and
+// candidates (its candidate watch runs, or has been listing again for at
+// most the TTL), and while etcd answers the renewals of its sessions: the
+// one that holds our member key, and those of the shards we campaign for
+// or own (judged as ElectionPool.Healthy does). It returns an error saying
+// what is wrong and for how long, "closed" after Close, and why the set
+// ended once it ended by itself (Err).
+func (s *ShardSet) Healthy() error {
+	if err := s.health(time.Now()); err != nil {
+		return opErr(fmt.Sprintf("shard set of %q", s.opts.Self), err)
+	}
+	return nil
+}
+
+func (s *ShardSet) health(now time.Time) error {
+	if s.ctx.Err() != nil {
+		if err := context.Cause(s.ctx); !errors.Is(err, ErrClosed) {
+			return fmt.Errorf("ended: %w", bare{err})
+		}
+		return errHClosed
+	}
+	if err := s.w.health(now); err != nil {
+		return fmt.Errorf("hosts not followed: %w", err)
+	}
+	if replaced := s.view.replaced.get(); replaced != nil {
+		return fmt.Errorf("%w; listing the members and candidates again", replaced)
+	}
+	s.mu.Lock()
+	lost, member, announcing := s.view.candsLost, s.member.sess, s.member.announcing
+	s.mu.Unlock()
+	sessions := []struct {
+		what string
+		err  error
+	}{
+		{"member key", judgeSession(member, announcing, s.opts.TTL, now)},
+		{"shards", s.pool.health(now)},
+	}
+	for _, c := range sessions {
+		if c.err != nil {
+			return fmt.Errorf("%s: %w", c.what, c.err)
+		}
+	}
+	if !lost.IsZero() && now.Sub(lost) > s.opts.TTL {
+		return fmt.Errorf("candidate watch broken for %v, listing again", now.Sub(lost).Round(time.Millisecond))
+	}
+	return nil
+}
+
+// candidatesLost records that the candidate watch broke, unless it was
+// broken already.
+func (s *ShardSet) candidatesLost() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.view.candsLost.IsZero() {
+		s.view.candsLost = time.Now()
+	}
+}

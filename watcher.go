@@ -677,3 +677,77 @@ func (o *outbox) syncedIf() {
 		close(o.synced)
 	}
 }
+
+// Healthy returns nil while the watcher follows etcd: it has listed the
+// hosts and its watch runs. Before its first listing, and while it lists
+// again after its watch broke, it is healthy for WatcherOptions.
+// UnhealthyAfter, then returns an error saying for how long it has not
+// followed. A watch that has not heard from etcd for UnhealthyAfter (cut
+// off silently: etcd stopped, a partition; see follow) is reported too.
+// It returns an error once the watcher ended: "closed" after Close or
+// the end of its ctx, else why.
+func (w *HostWatcher) Healthy() error {
+	what := fmt.Sprintf("host watcher of %q", w.prefix)
+	if err := w.health(time.Now()); err != nil {
+		return opErr(what, err)
+	}
+	return nil
+}
+
+func (w *HostWatcher) health(now time.Time) error {
+	select {
+	case <-w.done:
+		if err := w.Err(); err != nil {
+			return fmt.Errorf("ended: %w", bare{err})
+		}
+		return errHClosed
+	default:
+	}
+	w.mu.Lock()
+	following, since, listed, replaced := w.following, w.blind, w.listed, w.replaced
+	w.mu.Unlock()
+	if replaced != nil {
+		return fmt.Errorf("%w; listing the hosts again", replaced)
+	}
+	if blind := now.Sub(since); !following && blind > w.unhealthyAfter {
+		if !listed {
+			return fmt.Errorf("not synced for %v", blind.Round(time.Millisecond))
+		}
+		return fmt.Errorf("watch broken for %v, listing again", blind.Round(time.Millisecond))
+	}
+	if silent := w.silentFor(now); silent > w.unhealthyAfter {
+		return fmt.Errorf("no word from etcd on the watch for %v", silent.Round(time.Millisecond))
+	}
+	return nil
+}
+
+// silentFor says for how long the watch has not heard from etcd at now
+// (0 while the watcher does not follow: its listing is judged instead).
+func (w *HostWatcher) silentFor(now time.Time) time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.following {
+		return 0
+	}
+	return now.Sub(w.heard)
+}
+
+// hears records that the watch heard from etcd.
+func (w *HostWatcher) hears() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.heard = time.Now()
+}
+
+// follows records whether the watcher follows etcd (it listed the hosts,
+// its watch runs) or since when it has not.
+func (w *HostWatcher) follows(ok bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if ok {
+		w.listed, w.heard, w.replaced = true, time.Now(), nil
+	} else if w.following {
+		w.blind = time.Now()
+	}
+	w.following = ok
+}

@@ -57,14 +57,11 @@ func NewElection(ctx context.Context, cli *clientv3.Client, opts ElectionOptions
 	if cli == nil {
 		return nil, ErrNilClient
 	}
-	if err := checkElectionKey(opts.Key); err != nil {
-		return nil, err
-	}
-	ttl, err := ttlOrDefault(opts.TTL, DefaultElectionTTL)
+	opts, err := opts.withDefaults()
 	if err != nil {
 		return nil, err
 	}
-	e := newElection(cli, opts.Key, ttl, opts.Identity, logger(opts.Logger), opts.OnSignal, new(etcdMark))
+	e := newElection(cli, opts.Key, opts.TTL, opts.Identity, logger(opts.Logger), opts.OnSignal, new(etcdMark))
 	e.watchCli = cmp.Or(opts.WatchClient, cli)
 	if _, err := e.session(ctx); err != nil {
 		e.cancel(ErrClosed)

@@ -84,14 +84,11 @@ func RegisterHostLiveness(ctx context.Context, cli *clientv3.Client, meta HostMe
 	if err := checkHostUUID(meta.HostUUID); err != nil {
 		return nil, err
 	}
-	prefix, err := prefixOrDefault(opts.Prefix)
+	opts, err := opts.withDefaults()
 	if err != nil {
 		return nil, err
 	}
-	ttl, err := ttlOrDefault(opts.TTL, DefaultLivenessTTL)
-	if err != nil {
-		return nil, err
-	}
+	prefix, ttl := opts.Prefix, opts.TTL
 	life, cancel := context.WithCancel(context.Background())
 	h := &HostLiveness{
 		cli:     cli,

@@ -275,17 +275,102 @@ type ShardOptions struct {
 	OnSignal func(Signal)
 }
 
-// shardDefaults checks what can be checked of opts without etcd, and
-// applies the defaults.
-func shardDefaults(o ShardOptions) (ShardOptions, error) {
-	if len(o.Shards) == 0 || o.Run == nil || o.Replicas < 0 || o.MaxMoves < 0 || o.Settle < 0 ||
-		o.Weight < 0 || math.IsNaN(o.Weight) || math.IsInf(o.Weight, 0) {
-		return o, fmt.Errorf("%w: want Shards, Run, Replicas >= 0, MaxMoves >= 0, Settle >= 0 and a finite Weight >= 0", ErrInvalidShards)
+// Each options struct checks itself, one message per check, and applies
+// its defaults (withDefaults): what can be checked without etcd, before
+// anything is written.
+
+// withDefaults checks o and applies its defaults.
+func (o LivenessOptions) withDefaults() (LivenessOptions, error) {
+	var err error
+	if o.Prefix, err = prefixOrDefault(o.Prefix); err != nil {
+		return o, err
+	}
+	o.TTL, err = ttlOrDefault(o.TTL, DefaultLivenessTTL)
+	return o, err
+}
+
+// withDefaults checks o and applies its defaults.
+func (o WatcherOptions) withDefaults() (WatcherOptions, error) {
+	var err error
+	if o.Prefix, err = prefixOrDefault(o.Prefix); err != nil {
+		return o, err
+	}
+	for _, c := range []struct {
+		name string
+		n    int
+	}{{"Buffer", o.Buffer}, {"MaxBacklog", o.MaxBacklog}, {"PageSize", o.PageSize}} {
+		if c.n < 0 {
+			return o, fmt.Errorf("%w: %s %d (want >= 0)", ErrInvalidBuffer, c.name, c.n)
+		}
+	}
+	if o.UnhealthyAfter < 0 {
+		return o, fmt.Errorf("%w: UnhealthyAfter %v (want >= 0)", ErrInvalidTTL, o.UnhealthyAfter)
+	}
+	o.PageSize = cmp.Or(o.PageSize, DefaultWatcherPageSize)
+	o.MaxBacklog = cmp.Or(o.MaxBacklog, DefaultMaxBacklog)
+	o.UnhealthyAfter = cmp.Or(o.UnhealthyAfter, DefaultLivenessTTL)
+	return o, nil
+}
+
+// withDefaults checks o and applies its defaults.
+func (o ElectionOptions) withDefaults() (ElectionOptions, error) {
+	if err := checkElectionKey(o.Key); err != nil {
+		return o, err
+	}
+	var err error
+	o.TTL, err = ttlOrDefault(o.TTL, DefaultElectionTTL)
+	return o, err
+}
+
+// withDefaults checks o and applies its defaults.
+func (o SemaphoreOptions) withDefaults() (SemaphoreOptions, error) {
+	if err := checkKey("semaphore", o.Key); err != nil {
+		return o, err
+	}
+	if o.Limit < 1 {
+		return o, fmt.Errorf("%w: %d (want at least 1)", ErrInvalidLimit, o.Limit)
+	}
+	var err error
+	o.TTL, err = ttlOrDefault(o.TTL, DefaultSemaphoreTTL)
+	return o, err
+}
+
+// withDefaults checks o and applies its defaults.
+func (o PoolOptions) withDefaults() (PoolOptions, error) {
+	var err error
+	if o.TTL, err = ttlOrDefault(o.TTL, DefaultPoolTTL); err != nil {
+		return o, err
+	}
+	if o.KeysPerSession < 0 {
+		return o, fmt.Errorf("%w: %d (want >= 0)", ErrInvalidKeysPerSession, o.KeysPerSession)
+	}
+	o.KeysPerSession = cmp.Or(o.KeysPerSession, DefaultKeysPerSession)
+	return o, nil
+}
+
+// withDefaults checks o and applies its defaults.
+func (o ShardOptions) withDefaults() (ShardOptions, error) {
+	switch {
+	case len(o.Shards) == 0:
+		return o, fmt.Errorf("%w: no Shards", ErrInvalidShards)
+	case o.Run == nil:
+		return o, fmt.Errorf("%w: no Run", ErrInvalidShards)
+	case o.Replicas < 0:
+		return o, fmt.Errorf("%w: Replicas %d (want >= 0)", ErrInvalidShards, o.Replicas)
+	case o.MaxMoves < 0:
+		return o, fmt.Errorf("%w: MaxMoves %d (want >= 0)", ErrInvalidShards, o.MaxMoves)
+	case o.Settle < 0:
+		return o, fmt.Errorf("%w: Settle %v (want >= 0)", ErrInvalidShards, o.Settle)
+	case o.Weight < 0 || math.IsNaN(o.Weight) || math.IsInf(o.Weight, 0):
+		return o, fmt.Errorf("%w: Weight %v (want a finite number >= 0)", ErrInvalidShards, o.Weight)
 	}
 	if h := o.Host; h != nil {
 		prefix := strings.TrimSuffix(h.key, h.id)
-		if o.Self != "" && o.Self != h.id || o.HostPrefix != "" && o.HostPrefix != prefix {
-			return o, fmt.Errorf("%w: Self %q and HostPrefix %q are not those of Host (%q under %q)", ErrInvalidShards, o.Self, o.HostPrefix, h.id, prefix)
+		if o.Self != "" && o.Self != h.id {
+			return o, fmt.Errorf("%w: Self %q is not Host's HostUUID %q", ErrInvalidShards, o.Self, h.id)
+		}
+		if o.HostPrefix != "" && o.HostPrefix != prefix {
+			return o, fmt.Errorf("%w: HostPrefix %q is not Host's prefix %q", ErrInvalidShards, o.HostPrefix, prefix)
 		}
 		o.Self, o.HostPrefix = h.id, prefix
 	}
@@ -296,8 +381,11 @@ func shardDefaults(o ShardOptions) (ShardOptions, error) {
 	}
 	seen := map[string]bool{}
 	for _, name := range o.Shards {
-		if err := checkShardName(name); err != nil || seen[name] {
-			return o, fmt.Errorf("%w: shard %q (want unique, non-empty, without \"/\", not starting with \"@\")", ErrInvalidShards, name)
+		if err := checkShardName(name); err != nil {
+			return o, err
+		}
+		if seen[name] {
+			return o, fmt.Errorf("%w: shard %q named twice", ErrInvalidShards, name)
 		}
 		seen[name] = true
 	}
@@ -306,10 +394,11 @@ func shardDefaults(o ShardOptions) (ShardOptions, error) {
 	o.HostPrefix = cmp.Or(o.HostPrefix, HostsPrefix)
 	// Election keys must be clean, and a shard's candidates must never be
 	// read as hosts, nor hosts as candidates.
-	if !strings.HasSuffix(o.Prefix, "/") || strings.Contains(o.Prefix, "//") ||
-		strings.HasPrefix(o.Prefix, o.HostPrefix) || strings.HasPrefix(o.HostPrefix, o.Prefix) {
-		return o, fmt.Errorf("%w: shard prefix %q (want it to end in \"/\", without \"//\", apart from host prefix %q)",
-			ErrInvalidKey, o.Prefix, o.HostPrefix)
+	if !strings.HasSuffix(o.Prefix, "/") || strings.Contains(o.Prefix, "//") {
+		return o, fmt.Errorf("%w: shard prefix %q (want it to end in \"/\", without \"//\")", ErrInvalidKey, o.Prefix)
+	}
+	if strings.HasPrefix(o.Prefix, o.HostPrefix) || strings.HasPrefix(o.HostPrefix, o.Prefix) {
+		return o, fmt.Errorf("%w: shard prefix %q overlaps host prefix %q", ErrInvalidKey, o.Prefix, o.HostPrefix)
 	}
 	ttl, err := ttlOrDefault(o.TTL, DefaultShardTTL)
 	o.TTL = ttl

@@ -60,16 +60,9 @@ func NewElectionPool(cli *clientv3.Client, opts PoolOptions) (*ElectionPool, err
 	if cli == nil {
 		return nil, ErrNilClient
 	}
-	ttl, err := ttlOrDefault(opts.TTL, DefaultPoolTTL)
+	opts, err := opts.withDefaults()
 	if err != nil {
 		return nil, err
-	}
-	opts.TTL = ttl
-	if opts.KeysPerSession < 0 {
-		return nil, fmt.Errorf("%w: %d", ErrInvalidKeysPerSession, opts.KeysPerSession)
-	}
-	if opts.KeysPerSession == 0 {
-		opts.KeysPerSession = DefaultKeysPerSession
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &ElectionPool{cli: cli, opts: opts, log: logger(opts.Logger), ctx: ctx, cancel: cancel,

@@ -77,16 +77,11 @@ func NewSemaphore(ctx context.Context, cli *clientv3.Client, opts SemaphoreOptio
 	if cli == nil {
 		return nil, ErrNilClient
 	}
-	if err := checkKey("semaphore", opts.Key); err != nil {
-		return nil, err
-	}
-	if opts.Limit < 1 {
-		return nil, fmt.Errorf("%w: %d (want at least 1)", ErrInvalidLimit, opts.Limit)
-	}
-	ttl, err := ttlOrDefault(opts.TTL, DefaultSemaphoreTTL)
+	opts, err := opts.withDefaults()
 	if err != nil {
 		return nil, err
 	}
+	ttl := opts.TTL
 	unclaim := func() {}
 	if h := opts.Host; h != nil {
 		if unclaim, err = h.claim(opts.Key); err != nil {

@@ -173,7 +173,7 @@ var (
 // TTL ErrInvalidTTL; a negative KeysPerSession ErrInvalidKeysPerSession.
 // Nothing is written on bad input.
 func NewShardSet(ctx context.Context, cli *clientv3.Client, opts ShardOptions) (*ShardSet, error) {
-	opts, err := shardDefaults(opts)
+	opts, err := opts.withDefaults()
 	if err != nil {
 		return nil, err
 	}

@@ -2139,11 +2139,16 @@ func testShardBadInput(t *testing.T) {
 		{"Self other than Host's", cli, with(func(o *ShardOptions) { o.Host = host }), ErrInvalidShards},
 		{"HostPrefix other than Host's", cli, with(func(o *ShardOptions) { o.Self, o.Host, o.HostPrefix = "", host, "/other/" }), ErrInvalidShards},
 	}
+	said := map[string]string{} // case by message: one message per check
 	for _, c := range cases {
 		s, err := NewShardSet(testCtx(t), c.cli, c.opts)
 		if s != nil || !errors.Is(err, c.want) || strings.Count(err.Error(), "coord:") != 1 {
 			t.Fatalf("%s: %v, %v; want %v, saying \"coord:\" once", c.name, s, err, c.want)
 		}
+		if other, ok := said[err.Error()]; ok {
+			t.Errorf("%s and %s: both %q, want a message naming what is wrong", other, c.name, err)
+		}
+		said[err.Error()] = c.name
 	}
 	if n := keyCount(t, cli, ""); n != 1 {
 		t.Fatalf("%d keys written, want only the registration's", n)

@@ -1,7 +1,6 @@
 package coord
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -123,23 +122,18 @@ func NewHostWatcher(ctx context.Context, cli *clientv3.Client, opts WatcherOptio
 	if cli == nil {
 		return nil, ErrNilClient
 	}
-	prefix, err := prefixOrDefault(opts.Prefix)
+	opts, err := opts.withDefaults()
 	if err != nil {
 		return nil, err
 	}
-	if opts.Buffer < 0 || opts.MaxBacklog < 0 || opts.PageSize < 0 {
-		return nil, fmt.Errorf("%w: Buffer %d, MaxBacklog %d, PageSize %d", ErrInvalidBuffer, opts.Buffer, opts.MaxBacklog, opts.PageSize)
-	}
-	if opts.UnhealthyAfter < 0 {
-		return nil, fmt.Errorf("%w: UnhealthyAfter %v", ErrInvalidTTL, opts.UnhealthyAfter)
-	}
+	prefix := opts.Prefix
 	ctx, cancel := context.WithCancel(ctx)
 	w := &HostWatcher{
 		cli:        cli,
 		prefix:     prefix,
 		self:       opts.Self,
-		pageSize:   cmp.Or(opts.PageSize, DefaultWatcherPageSize),
-		maxBacklog: cmp.Or(opts.MaxBacklog, DefaultMaxBacklog),
+		pageSize:   opts.PageSize,
+		maxBacklog: opts.MaxBacklog,
 		signal:     opts.OnSignal,
 		log:        logger(opts.Logger).With("prefix", prefix),
 		events:     make(chan HostEvent),
@@ -150,7 +144,7 @@ func NewHostWatcher(ctx context.Context, cli *clientv3.Client, opts WatcherOptio
 		hosts:      map[string]*version{},
 		blind:      time.Now(),
 
-		unhealthyAfter: cmp.Or(opts.UnhealthyAfter, DefaultLivenessTTL),
+		unhealthyAfter: opts.UnhealthyAfter,
 	}
 	go w.run(ctx)
 	return w, nil

@@ -419,9 +419,10 @@ func (s *ShardSet) handOverLocked(w *shardWorker) {
 // joins, whatever members join meanwhile. But if nobody campaigns for it
 // and we would be a standby of it, we wait until its first candidate is
 // in line, for half the TTL at most (a top member that crashed is gone
-// within the TTL, and then we rank first): else our candidacy, put first
-// (the top member's put is slow under a fleet's cold start), would own it
-// only to hand it over. The timer reconciles it then.
+// within the TTL, and then we rank first), or until we rank first (see
+// refreshLocked): else our candidacy, put first (the top member's put is
+// slow under a fleet's cold start), would own it only to hand it over.
+// The timer reconciles it then.
 func (s *ShardSet) waitSettleLocked(shard string) bool {
 	now := time.Now()
 	var wait time.Duration

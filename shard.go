@@ -228,7 +228,7 @@ func newShardSet(cli *clientv3.Client, opts ShardOptions, pool *ElectionPool, w 
 	s := &ShardSet{cli: cli, opts: opts, log: logger(opts.Logger), pool: pool, w: w,
 		starting: shardStart{hostsEnded: make(chan struct{}), ready: make(chan struct{})}, member: announcement{reannounce: make(chan struct{}, 1)},
 		ending: shardEnding{done: make(chan struct{})}, drain: drainState{idle: closedChan}, workers: map[string]*shardWorker{},
-		view: shardView{waits: map[string][]*catchWait{}, hosts: map[string]bool{}, members: map[string]ShardMember{},
+		view: shardView{waits: map[string][]*catchWait{}, asked: map[string]time.Time{}, hosts: map[string]bool{}, members: map[string]ShardMember{},
 			cands: map[string]map[string]candidate{}},
 		moves: moveBudget{waiting: map[string]bool{}}, hands: moveBudget{waiting: map[string]bool{}},
 		rank:   ranking{order: map[string][]rankedMember{}, ranked: map[string]bool{}, ordered: map[string]ShardMember{}},

@@ -48,9 +48,11 @@ type shardView struct {
 	follows map[string]*shardFollow
 	// rev is the etcd revision our view of the members has reached;
 	// waits holds, by shard, the won shards waiting for our view to
-	// reach their revision (see catchUp).
+	// reach their revision, and asked when they last asked etcd where
+	// each stream's watches are (see catchUp).
 	rev   int64
 	waits map[string][]*catchWait
+	asked map[string]time.Time
 	// replaced holds the word that etcd was replaced (the host
 	// watcher's, or heard's), until our view is listed again; mark
 	// follows the etcd of our view, from its answers and ours.
@@ -426,6 +428,10 @@ func (s *ShardSet) catchUp(ctx context.Context, shard string, rev int64) {
 	var r retry
 	t := time.NewTimer(0)
 	defer t.Stop()
+	// A progress asked after need is answered at our revision or past it:
+	// etcd answers with its own, once every watch of the stream has
+	// caught up, and we won before need.
+	need := time.Now()
 	for {
 		select {
 		case <-cw.caught:
@@ -434,15 +440,23 @@ func (s *ShardSet) catchUp(ctx context.Context, shard string, rev int64) {
 			return
 		case <-t.C:
 		}
+		now, ask := time.Now(), []string{}
 		s.mu.Lock()
 		_, members, at = s.caughtUpLocked(shard, rev)
-		s.mu.Unlock()
-		// A watch's stream is the one of its ctx's metadata.
 		for stream, behind := range map[string]bool{viewMembers: members < rev, viewShards: at < rev} {
-			if behind {
-				s.cli.RequestProgress(s.viewCtx(ctx, stream))
+			// One request serves every won shard waiting on the stream
+			// (at a cold start, hundreds): one asked since need will do.
+			if behind && !s.view.asked[stream].After(need) {
+				s.view.asked[stream] = now
+				ask = append(ask, stream)
 			}
 		}
+		s.mu.Unlock()
+		// A watch's stream is the one of its ctx's metadata.
+		for _, stream := range ask {
+			s.cli.RequestProgress(s.viewCtx(ctx, stream))
+		}
+		need = now
 		t.Reset(r.next())
 	}
 }

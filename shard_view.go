@@ -402,13 +402,20 @@ func (s *ShardSet) viewCtx(ctx context.Context, stream string) context.Context {
 	return metadata.AppendToOutgoingContext(clientv3.WithRequireLeader(ctx), "coord-view", fmt.Sprintf("%p/%s", s, stream))
 }
 
+// catchUpAskEvery bounds the pause between two progress requests of a won
+// shard waiting for our view (see catchUp): etcd does not answer one while
+// a watch of the stream is behind (at a cold start, for a second or more),
+// and a shard must not sleep long past when it would. The requests are
+// shared, so asking often costs etcd one request a stream, not one a shard.
+const catchUpAskEvery = 200 * time.Millisecond
+
 // catchUp waits, within ctx, until our view of the members and of shard's
 // candidates has reached revision rev: a shard won at rev runs only on a
 // view that knows what etcd held then (our member key gone, say, while
 // etcd was without quorum). A view with nothing to tell since (no change
 // of the members or the shard) asks etcd where its watches are, and again
-// with backoff (etcd answers every watch of the stream at once, once
-// every one has caught up).
+// with backoff, up to catchUpAskEvery (etcd answers every watch of the
+// stream at once, once every one has caught up).
 func (s *ShardSet) catchUp(ctx context.Context, shard string, rev int64) {
 	s.mu.Lock()
 	ok, members, at := s.caughtUpLocked(shard, rev)
@@ -457,7 +464,7 @@ func (s *ShardSet) catchUp(ctx context.Context, shard string, rev int64) {
 			s.cli.RequestProgress(s.viewCtx(ctx, stream))
 		}
 		need = now
-		t.Reset(r.next())
+		t.Reset(min(r.next(), catchUpAskEvery))
 	}
 }
 

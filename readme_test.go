@@ -12,10 +12,13 @@ import (
 	"strings"
 	"testing"
 	"unicode"
+
+	"github.com/go-coord/coord/coordtest"
 )
 
 // TestREADMEGoBlocks builds every ```go block of README.md against the
-// package as it is, so that the README cannot drift from the API unnoticed.
+// package as it is, so that the README cannot drift from the API unnoticed,
+// then runs them in order against an embedded etcd (see readmeRun).
 func TestREADMEGoBlocks(t *testing.T) {
 	readme, err := os.ReadFile("README.md")
 	if err != nil {
@@ -25,7 +28,8 @@ func TestREADMEGoBlocks(t *testing.T) {
 	if len(blocks) == 0 {
 		t.Fatal("README.md: no ```go block found")
 	}
-	if err := checkGoBlocks(t, "README.md", blocks); err != nil {
+	srv := coordtest.NewServer(t)
+	if err := checkGoBlocks(t, "README.md", blocks, srv.Endpoint()); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -45,7 +49,7 @@ func TestDocsGoBlocks(t *testing.T) {
 				t.Logf("%s: no ```go block", page)
 				return
 			}
-			if err := checkGoBlocks(t, page, blocks); err != nil {
+			if err := checkGoBlocks(t, page, blocks, ""); err != nil {
 				t.Fatal(err)
 			}
 		})
@@ -373,12 +377,14 @@ func goBlocks(markdown string) []goBlock {
 // readmeStubs declares what the blocks take from the program around them
 // and do not declare themselves: the objects of other sections (h is the
 // Quick taste's registration, which the ShardSet block uses), the test of
-// a block about testing (t), and the user's own functions. Only their
-// types matter: nothing runs.
+// a block about testing (t), and the user's own functions. The README's
+// blocks also run (see readmeRun): its functions do then what the blocks
+// ask of them; the pages' blocks are only built.
 const readmeStubs = `package readmecheck
 
 import (
 	"context"
+	"errors"
 	"testing"
 
 	"github.com/go-coord/coord"
@@ -392,15 +398,104 @@ var (
 	election *coord.Election
 	shards   *coord.ShardSet
 	t        *testing.T
+
+	readmeEndpoint string // the etcd the blocks run against (see run_test.go)
+	scheduled      = make(chan error, 1)
 )
 
-func schedule(ctx context.Context, guard clientv3.Cmp) {}
+// schedule is the leader's work of the Quick taste: a write fenced by
+// guard; the agent's life ends after it, and the block returns.
+func schedule(ctx context.Context, guard clientv3.Cmp) {
+	cli := ctx.Value(cliKey{}).(*clientv3.Client)
+	resp, err := cli.Txn(ctx).If(guard).Then(clientv3.OpPut("/readme/scheduled", "yes")).Commit()
+	if err == nil && !resp.Succeeded {
+		err = errors.New("refused by the fence")
+	}
+	scheduled <- err
+	ctx.Value(endKey{}).(context.CancelFunc)()
+}
+
+// The keys of what the run puts in the blocks' ctx for the stubs.
+type (
+	cliKey struct{}
+	endKey struct{}
+)
 
 type job struct{ ID, Result string }
 
 func (job) Ack() {}
 
-func jobs(ctx context.Context, shard string) <-chan job { return nil }
+// jobs is the shard's work: none, until ctx ends.
+func jobs(ctx context.Context, shard string) <-chan job {
+	c := make(chan job)
+	go func() {
+		<-ctx.Done()
+		close(c)
+	}()
+	return c
+}
+`
+
+// readmeRun runs the README's blocks in order, as one agent would: the
+// Quick taste (it registers its own host, campaigns, schedules once, and
+// ends), then each primitive's block on a registration of ours, h, next to
+// another member of the ShardSet's shards, to drain to. Each block must
+// return nil, and the leader's write must pass its fence.
+const readmeRun = `package readmecheck
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/go-coord/coord"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+func TestREADMERun(t *testing.T) {
+	readmeEndpoint = os.Getenv("COORD_README_ETCD")
+	base, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{readmeEndpoint}, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	life, end := context.WithCancel(context.WithValue(base, cliKey{}, cli))
+	if err := block1(context.WithValue(life, endKey{}, end), cli); err != nil {
+		t.Fatalf("block 1: %v", err)
+	}
+	select {
+	case err := <-scheduled:
+		if err != nil {
+			t.Fatalf("block 1: the leader's fenced write: %v", err)
+		}
+	default:
+		t.Fatal("block 1 returned without leading")
+	}
+	reg := func(id string) *coord.HostLiveness {
+		r, err := coord.RegisterHostLiveness(base, cli, coord.HostMetadata{HostUUID: id}, coord.LivenessOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { r.Stop(context.Background()) })
+		return r
+	}
+	h = reg("node-1")
+	other, err := coord.NewShardSet(base, cli, coord.ShardOptions{Shards: []string{"tenant-1", "tenant-2", "tenant-3"}, Host: reg("node-2"),
+		Run: func(ctx context.Context, _ coord.Shard) { <-ctx.Done() }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	for i, block := range []func(context.Context, *clientv3.Client) error{block2, block3, block4, block5} {
+		if err := block(base, cli); err != nil {
+			t.Fatalf("block %d: %v", i+2, err)
+		}
+	}
+}
 `
 
 // readmeBlockHead begins the file of each block: the imports any block
@@ -443,9 +538,10 @@ func block%d(ctx context.Context, cli *clientv3.Client) error {
 // named page, each as the body of a function of its own, in a module of
 // its own (in a temporary directory) that requires coord replaced by this
 // directory, with this module's go.sum: nothing is fetched, and the build
-// cache is shared. It returns what the go command said of the blocks that
-// fail, with their source.
-func checkGoBlocks(t *testing.T, page string, blocks []goBlock) error {
+// cache is shared. With an etcd endpoint, it then runs the blocks in
+// order against that etcd (readmeRun: the README's). It returns what the
+// go command said of the blocks that fail, with their source.
+func checkGoBlocks(t *testing.T, page string, blocks []goBlock, endpoint string) error {
 	t.Helper()
 	here, err := os.Getwd()
 	gomod, err1 := os.ReadFile("go.mod")
@@ -466,7 +562,14 @@ func checkGoBlocks(t *testing.T, page string, blocks []goBlock) error {
 	for i, b := range blocks {
 		// The block ends the function, which returns after it; vet's
 		// unreachable check is off for a block that ends in a return.
-		files[blockFile(i)] = blockHead(i, b.code) + b.code + "\treturn nil\n}\n"
+		// The etcd a block dials is the one it runs against.
+		code := strings.ReplaceAll(b.code, `"127.0.0.1:2379"`, "readmeEndpoint")
+		files[blockFile(i)] = blockHead(i, code) + code + "\treturn nil\n}\n"
+	}
+	steps := [][]string{{"build", "./..."}, {"vet", "-unreachable=false", "./..."}}
+	if endpoint != "" {
+		files["run_test.go"] = readmeRun
+		steps = append(steps, []string{"test", "-count=1", "-run", "TestREADMERun", "./..."})
 	}
 	for name, text := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
@@ -490,10 +593,10 @@ func checkGoBlocks(t *testing.T, page string, blocks []goBlock) error {
 			env = append(env, kv)
 		}
 	}
-	env = append(env, "GOFLAGS=-mod=mod", "GOWORK=off")
+	env = append(env, "GOFLAGS=-mod=mod", "GOWORK=off", "COORD_README_ETCD="+endpoint)
 	// build first, for all of the compiler's errors; then vet, for the
-	// misuses it finds (a printf verb) that still compile.
-	for _, args := range [][]string{{"build", "./..."}, {"vet", "-unreachable=false", "./..."}} {
+	// misuses it finds (a printf verb) that still compile; then the run.
+	for _, args := range steps {
 		cmd := exec.Command(gocmd, args...)
 		cmd.Dir, cmd.Env = dir, env
 		out, err := cmd.CombinedOutput()

@@ -17,6 +17,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.etcd.io/etcd/server/v3/storage/mvcc"
+
+	"github.com/go-coord/coord/internal/testenv"
 )
 
 const (
@@ -125,7 +127,7 @@ func NewClusterWith(t testing.TB, n int, cfg Config) *Cluster {
 // startAll starts every member on fresh ports and data directories and waits
 // until all are ready; on error it stops those it started.
 func (c *Cluster) startAll(base string, attempt int) error {
-	ports, err := freeLoopbackPorts(2 * len(c.members))
+	ports, err := testenv.LoopbackPorts(2 * len(c.members))
 	if err != nil {
 		return err
 	}

@@ -83,6 +83,8 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/go-coord/coord/internal/testenv"
 )
 
 // Default timing of a Server, used for the zero fields of Config.
@@ -221,7 +223,7 @@ func (s *Server) start(base string) error {
 	var err error
 	for attempt := 0; attempt < portAttempts; attempt++ {
 		var ports []int
-		if ports, err = freeLoopbackPorts(2); err != nil {
+		if ports, err = testenv.LoopbackPorts(2); err != nil {
 			break
 		}
 		s.clientURL = loopbackURL("http", ports[0])
@@ -756,22 +758,6 @@ func (c reasonCtx) Err() error {
 		return err
 	}
 	return c.Context.Err()
-}
-
-// freeLoopbackPorts returns n distinct TCP ports that were free on 127.0.0.1
-// a moment ago.
-func freeLoopbackPorts(n int) ([]int, error) {
-	ports := make([]int, 0, n)
-	for i := 0; i < n; i++ {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("picking a free loopback port: %w", err)
-		}
-		// Keep it open until all are picked, so they are distinct.
-		defer l.Close()
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
 
 func loopbackURL(scheme string, port int) url.URL {

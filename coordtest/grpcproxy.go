@@ -17,6 +17,8 @@ import (
 	"github.com/go-coord/coord/internal/etcdproxy"
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/go-coord/coord/internal/testenv"
 )
 
 // GRPCProxy is etcd's gRPC proxy, `etcd grpc-proxy start`, in front of an
@@ -84,7 +86,7 @@ func NewGRPCProxy(t testing.TB, e Etcd) *GRPCProxy {
 	var err error
 	for attempt := 0; attempt < portAttempts; attempt++ {
 		var ports []int
-		if ports, err = freeLoopbackPorts(1); err != nil {
+		if ports, err = testenv.LoopbackPorts(1); err != nil {
 			break
 		}
 		g.addr = loopbackURL("http", ports[0])

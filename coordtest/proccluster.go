@@ -12,6 +12,8 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/go-coord/coord/internal/testenv"
 )
 
 // ProcessCluster is a cluster of etcd processes of one binary, each member
@@ -61,7 +63,7 @@ func NewProcessCluster(t testing.TB, bin string, n int, cfg Config) *ProcessClus
 // startAll runs n members on fresh ports and waits until all are ready;
 // on error it kills them.
 func (c *ProcessCluster) startAll(bin string, ver Version, cfg Config, base string, n, attempt int) error {
-	ports, err := freeLoopbackPorts(2 * n)
+	ports, err := testenv.LoopbackPorts(2 * n)
 	if err != nil {
 		return err
 	}

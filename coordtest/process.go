@@ -18,6 +18,8 @@ import (
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/go-coord/coord/internal/testenv"
 )
 
 // EtcdEnv names the environment variable that NewEtcd reads: the path of an
@@ -118,7 +120,7 @@ func NewProcess(t testing.TB, bin string, cfg Config) *Process {
 	base := t.TempDir()
 	var p *Process
 	for attempt := 0; attempt < portAttempts; attempt++ {
-		ports, perr := freeLoopbackPorts(2)
+		ports, perr := testenv.LoopbackPorts(2)
 		if perr != nil {
 			t.Fatalf("coordtest: %v", perr)
 		}

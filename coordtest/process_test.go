@@ -138,7 +138,7 @@ func TestNewProcessFails(t *testing.T) {
 // the stranger is left alone.
 func TestProcessPortTakenByAnotherServer(t *testing.T) {
 	other := NewServer(t)
-	ports, err := freeLoopbackPorts(1)
+	ports, err := testenv.LoopbackPorts(1)
 	if err != nil {
 		t.Fatal(err)
 	}

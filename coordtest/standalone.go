@@ -8,6 +8,8 @@ import (
 	"os"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/go-coord/coord/internal/testenv"
 )
 
 // Standalone is a Server outside a test: for runnable examples, demos and
@@ -61,7 +63,7 @@ func StartAt(dir, addr string, cfg Config) (*Standalone, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("coordtest: creating data directory: %w", err)
 	}
-	ports, err := freeLoopbackPorts(1)
+	ports, err := testenv.LoopbackPorts(1)
 	if err != nil {
 		return nil, fmt.Errorf("coordtest: %w", err)
 	}

@@ -1,13 +1,19 @@
 // Package testenv says what the module's tests and its bench need to know
 // about the machine they run on: how much slower than a native CPU it may
-// be, and which user-mode emulator runs a binary of this GOARCH (CI tests
-// five of the six targets under qemu).
+// be, which user-mode emulator runs a binary of this GOARCH (CI tests
+// five of the six targets under qemu), and which loopback ports an etcd
+// can bind again after a restart.
 package testenv
 
 import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
 	"os"
 	"runtime"
 	"strconv"
+	"syscall"
 	"time"
 )
 
@@ -38,4 +44,55 @@ func emulatorOf(cpu string) string {
 		cpu = "loongarch64"
 	}
 	return "qemu-" + cpu + "-static"
+}
+
+// An etcd stopped and started again (restarted, replaced, restored) binds
+// the same ports again. A port inside the kernel's ephemeral range, the
+// local ports it hands to outgoing connections, can meanwhile become the
+// local port of any connection on the machine, for as long as that
+// connection lives: once, with several test binaries running, a restart
+// found its port taken for longer than the 5 s it waits. So the ports are
+// picked below that range, where only a listener that names its port can
+// take one.
+
+// lowestPort is the lowest port picked.
+const lowestPort = 10000
+
+// ephemeralLow returns the first port of the kernel's ephemeral range:
+// Linux's, from procfs, or else that of IANA's dynamic ports, which the
+// BSDs, macOS and Windows use.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	var lo, hi int
+	if err == nil {
+		if _, err := fmt.Sscan(string(b), &lo, &hi); err == nil {
+			return lo
+		}
+	}
+	return 49152
+}
+
+// LoopbackPorts returns n distinct TCP ports that were free on
+// 127.0.0.1 a moment ago, below the ephemeral range when it leaves at
+// least a thousand ports there, else picked by the kernel.
+func LoopbackPorts(n int) ([]int, error) {
+	window := ephemeralLow() - lowestPort
+	ports := make([]int, 0, n)
+	for tries := 0; len(ports) < n; tries++ {
+		addr := "127.0.0.1:0"
+		if window >= 1000 && tries < 100*n {
+			addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(lowestPort+rand.IntN(window)))
+		}
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			if errors.Is(err, syscall.EADDRINUSE) {
+				continue
+			}
+			return nil, fmt.Errorf("picking a free loopback port: %w", err)
+		}
+		// Keep it open until all are picked, so they are distinct.
+		defer l.Close()
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
 }

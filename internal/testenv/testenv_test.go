@@ -44,3 +44,19 @@ func TestEmulator(t *testing.T) {
 		t.Fatalf("Emulator() = %q on %s, want %q", got, runtime.GOARCH, want)
 	}
 }
+
+// The ports an etcd binds again on restart are picked below the kernel's
+// ephemeral range, where no outgoing connection can take one meanwhile.
+func TestLoopbackPortsAreOutsideTheEphemeralRange(t *testing.T) {
+	ports, err := LoopbackPorts(8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := make(map[int]bool)
+	for _, p := range ports {
+		if p < lowestPort || p >= ephemeralLow() || seen[p] {
+			t.Errorf("port %d: want distinct ports in [%d, %d), got %v", p, lowestPort, ephemeralLow(), ports)
+		}
+		seen[p] = true
+	}
+}

@@ -166,7 +166,7 @@ func benchStartMembers(dir string, n int) (*benchMembers, error) {
 	var err error
 	for attempt := range 5 {
 		m := &benchMembers{dir: filepath.Join(dir, fmt.Sprint(attempt))}
-		if m.ports, err = benchFreePorts(2 * n); err != nil {
+		if m.ports, err = testenv.LoopbackPorts(2 * n); err != nil {
 			return nil, err
 		}
 		if err = m.start("coord-bench"); err == nil {
@@ -241,21 +241,6 @@ func (m *benchMembers) start(token string) error {
 		}
 	}
 	return nil
-}
-
-// benchFreePorts returns n distinct loopback ports that were free a moment
-// ago.
-func benchFreePorts(n int) ([]int, error) {
-	var ports []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("picking a free port: %w", err)
-		}
-		defer l.Close()
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
 
 // benchCluster is an embedded etcd cluster (or a gRPC proxy) in a child

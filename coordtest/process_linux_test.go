@@ -37,7 +37,9 @@ func TestProcessDiesWithTestBinary(t *testing.T) {
 	if err := exec.Command(bin, "-test.run=^$").Run(); errors.Is(err, syscall.ENOEXEC) {
 		cmd = exec.Command(etcdEmulator(t), append([]string{bin}, args...)...)
 	}
-	cmd.Env = append(os.Environ(), orphanEnv+"=1", selfEtcdEnv+"=")
+	// The helper dies without cleanup: its temporary directories go in
+	// one of this test's, removed with it.
+	cmd.Env = append(os.Environ(), orphanEnv+"=1", selfEtcdEnv+"=", "TMPDIR="+t.TempDir())
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)

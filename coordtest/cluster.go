@@ -280,13 +280,24 @@ func (c *Cluster) leader() *Member {
 // earlier revision through any of those members fails with ErrCompacted.
 // Compacting again at an already compacted revision is not an error. It
 // fails the test if there is no leader or an operation fails (e.g. ctx
-// ends).
+// ends). A compaction that fails on the leader (it lost its place
+// meanwhile, as on a starved machine) is tried again on the leader of the
+// moment every 50 ms until ctx ends.
 func (c *Cluster) Compact(ctx context.Context) int64 {
 	c.t.Helper()
-	l := c.Leader(ctx)
-	rev, err := l.compact(ctx)
-	if err != nil {
-		c.t.Fatalf("coordtest: %v", err)
+	var l *Member
+	var rev int64
+	for {
+		var err error
+		l = c.Leader(ctx)
+		if rev, err = l.compact(ctx); err == nil {
+			break
+		}
+		select {
+		case <-time.After(50 * time.Millisecond):
+		case <-ctx.Done():
+			c.t.Fatalf("coordtest: %v", err)
+		}
 	}
 	for _, m := range c.members {
 		if m == l {

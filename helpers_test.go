@@ -27,7 +27,7 @@ var scale = testenv.Scale()
 // under emulation: the step-down shapes, the models, the shard handovers,
 // the elections' and the watchers' longer ones, an etcd's restart) call
 // t.Parallel, so they run after the others, GOMAXPROCS at a time (go
-// test's -parallel; .ci/cross gives 6 under emulation), while their etcd
+// test's -parallel; .ci/cross gives 8 under emulation), while their etcd
 // leases run out. Each has its own etcd and clients, and none reads the
 // log or signals of another; the rest of the suite stays sequential, so a
 // test that counts goroutines (goleak.VerifyNone) sees only its own, and

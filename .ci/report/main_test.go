@@ -158,3 +158,33 @@ leader-change/checkpoint=false on v1 skipped: c.go:2: needs 3.5
 		t.Errorf("compat (ok %v):\n%s\nwant\n%s", ok, got, want)
 	}
 }
+
+// A failing test whose message is followed by a long dump from one call
+// site (a log dumped in a cleanup) shows that message again after the
+// dump, before its result line; one without a dump shows nothing again.
+func TestTextRecap(t *testing.T) {
+	log := func(dump int) string {
+		var b strings.Builder
+		line := func(s string) {
+			fmt.Fprintf(&b, `{"Action":"output","Package":"p","Test":"T","Output":%q}`+"\n", s)
+		}
+		line("    x_test.go:10: first failure\n")
+		line("        its second line\n")
+		for i := range dump {
+			line(fmt.Sprintf("    helpers_test.go:387: record %d\n", i))
+		}
+		line("    x_test.go:12: a later error\n")
+		line("--- FAIL: T (1.00s)\n")
+		b.WriteString(`{"Action":"fail","Package":"p","Test":"T"}` + "\n")
+		return write(t, "log.json", b.String())
+	}
+	got := run(t, func(w writer) error { return textCmd(w, log(20)) })
+	want := "    helpers_test.go:387: record 19\n    x_test.go:12: a later error\n" +
+		"    [again, the first lines not from a dump:]\n    x_test.go:10: first failure\n    x_test.go:12: a later error\n--- FAIL: T (1.00s)\n"
+	if !strings.HasPrefix(got, "    x_test.go:10: first failure\n        its second line\n    helpers_test.go:387: record 0\n") || !strings.HasSuffix(got, want) {
+		t.Errorf("text with a dump:\n%s", got)
+	}
+	if got := run(t, func(w writer) error { return textCmd(w, log(10)) }); strings.Contains(got, "again") || !strings.HasSuffix(got, "a later error\n--- FAIL: T (1.00s)\n") {
+		t.Errorf("text without a dump:\n%s", got)
+	}
+}

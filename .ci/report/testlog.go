@@ -83,13 +83,25 @@ func textCmd(w writer, name string) error {
 		if b == nil {
 			return
 		}
-		n := len(b.lines)
-		for i := 1; i <= n; i++ {
-			if i == keep+1 && n > 2*keep {
-				fmt.Fprintf(w, "    [... %d lines omitted ...]\n", n-2*keep)
-				i = n - keep
+		lines, end := b.lines, len(b.lines)
+		if end > 0 && strings.HasPrefix(strings.TrimLeft(lines[end-1], " "), "--- ") {
+			end-- // the test's own result line, printed after the recap
+		}
+		for i := 1; i <= end; i++ {
+			if i == keep+1 && end > 2*keep {
+				fmt.Fprintf(w, "    [... %d lines omitted ...]\n", end-2*keep)
+				i = end - keep
 			}
-			w.WriteString(b.lines[i-1])
+			w.WriteString(lines[i-1])
+		}
+		if messages := failureLines(lines[:end]); len(messages) > 0 {
+			fmt.Fprintln(w, "    [again, the first lines not from a dump:]")
+			for _, m := range messages {
+				w.WriteString(m)
+			}
+		}
+		for _, l := range lines[end:] {
+			w.WriteString(l)
 		}
 		delete(buffers, k)
 	}
@@ -141,6 +153,45 @@ func textCmd(w writer, name string) error {
 		return err
 	}
 	return r.Close()
+}
+
+// recap is how many lines of a long failing output are shown again at
+// its end, and long is the output that gets a recap.
+const recap, long = 5, 12
+
+// failureLines returns, for the output of a failing test longer than long,
+// its first recap lines logged from a call site (file:line) other than
+// those that logged more than long lines (a dump): a t.Fatal's message
+// comes before a log dumped in a cleanup, and without the recap only the
+// dump's last lines would stand next to the test's result line. Nil for a
+// short output, or one without a dump.
+func failureLines(lines []string) []string {
+	if len(lines) <= long {
+		return nil
+	}
+	site := func(l string) string {
+		f := strings.Fields(l)
+		if len(f) == 0 || !strings.HasSuffix(f[0], ":") || !strings.Contains(f[0], ".go:") {
+			return ""
+		}
+		return f[0]
+	}
+	count, dumped := map[string]int{}, false
+	for _, l := range lines {
+		s := site(l)
+		count[s]++
+		dumped = dumped || s != "" && count[s] > long
+	}
+	if !dumped {
+		return nil
+	}
+	var out []string
+	for _, l := range lines {
+		if s := site(l); s != "" && count[s] <= long && len(out) < recap {
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
 func hasAnyPrefix(s string, prefixes ...string) bool {

@@ -13,6 +13,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -72,9 +73,42 @@ func ephemeralLow() int {
 	return 49152
 }
 
-// LoopbackPorts returns n distinct TCP ports that were free on
-// 127.0.0.1 a moment ago, below the ephemeral range when it leaves at
-// least a thousand ports there, else picked by the kernel.
+// A port is free only while nobody listens on it: the port of an etcd
+// stopped for a while is free too, and another server picking ports then
+// could take it, in this process or in another test binary running beside
+// it (once, the suite's clients then reached something else at the
+// stopped etcd's address, and its restart found the port taken). So a
+// port is handed out once per process, and reserved for the process's
+// life against every other process that picks ports here: a lock on the
+// port's byte of a file in the system's temporary directory, which the
+// kernel drops when the process ends (see lockPort).
+
+// handedOut holds the ports this process handed out.
+var handedOut struct {
+	sync.Mutex
+	ports map[int]bool
+}
+
+// reserve reserves port for this process, unless it was handed out here
+// already or another process holds it.
+func reserve(port int) bool {
+	handedOut.Lock()
+	defer handedOut.Unlock()
+	if handedOut.ports[port] || !lockPort(port) {
+		return false
+	}
+	if handedOut.ports == nil {
+		handedOut.ports = map[int]bool{}
+	}
+	handedOut.ports[port] = true
+	return true
+}
+
+// LoopbackPorts returns n distinct TCP ports that were free on 127.0.0.1
+// a moment ago, below the ephemeral range when it leaves at least a
+// thousand ports there, else picked by the kernel. No port is returned
+// twice in a process, nor while another process that uses LoopbackPorts
+// holds it (where file locks allow: Linux, macOS, the BSDs).
 func LoopbackPorts(n int) ([]int, error) {
 	window := ephemeralLow() - lowestPort
 	ports := make([]int, 0, n)
@@ -92,7 +126,9 @@ func LoopbackPorts(n int) ([]int, error) {
 		}
 		// Keep it open until all are picked, so they are distinct.
 		defer l.Close()
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+		if port := l.Addr().(*net.TCPAddr).Port; reserve(port) {
+			ports = append(ports, port)
+		}
 	}
 	return ports, nil
 }

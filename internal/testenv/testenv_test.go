@@ -1,7 +1,15 @@
 package testenv
 
 import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
 	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -59,4 +67,68 @@ func TestLoopbackPortsAreOutsideTheEphemeralRange(t *testing.T) {
 		}
 		seen[p] = true
 	}
+}
+
+// A port is handed out once per process, and not to another process while
+// this one holds it: a stopped etcd's port stays its own until it starts
+// again. The other process is this test binary run again (see TestMain),
+// asking for the ports this one reserved and for one it did not.
+func TestLoopbackPortsAreReserved(t *testing.T) {
+	ports, err := LoopbackPorts(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range ports {
+		if reserve(p) {
+			t.Errorf("port %d handed out again in the process that holds it", p)
+		}
+	}
+	free := ports[0] + 1
+	for slices.Contains(ports, free) || handedOut.ports[free] {
+		free++
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := append(os.Environ(), fmt.Sprintf("%s=%d,%d,%d", reserveEnv, ports[0], ports[1], free))
+	out, err := output(env, exe)
+	if errors.Is(err, syscall.ENOEXEC) {
+		// Under user-mode emulation the kernel may not run it by itself.
+		out, err = output(env, Emulator(), exe)
+	}
+	if err != nil {
+		t.Fatalf("the other process: %v\n%s", err, out)
+	}
+	want := fmt.Sprintf("reserved %d: %v\nreserved %d: %v\nreserved %d: true\n", ports[0], !locksAcrossProcesses, ports[1], !locksAcrossProcesses, free)
+	if string(out) != want {
+		t.Fatalf("the other process's reservations:\n%s\nwant:\n%s", out, want)
+	}
+}
+
+// output runs name with args and env, and returns what it printed.
+func output(env []string, name string, args ...string) ([]byte, error) {
+	cmd := exec.Command(name, args...)
+	cmd.Env = env
+	return cmd.CombinedOutput()
+}
+
+// reserveEnv, set, makes the test binary the other process of
+// TestLoopbackPortsAreReserved: it tries to reserve the ports it lists
+// (comma-separated), says which it got, and exits.
+const reserveEnv = "COORD_TESTENV_RESERVE"
+
+func TestMain(m *testing.M) {
+	if list := os.Getenv(reserveEnv); list != "" {
+		for _, f := range strings.Split(list, ",") {
+			p, err := strconv.Atoi(f)
+			if err != nil {
+				fmt.Println(err)
+				os.Exit(2)
+			}
+			fmt.Printf("reserved %d: %v\n", p, reserve(p))
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
 }

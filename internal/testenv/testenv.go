@@ -124,9 +124,10 @@ func LoopbackPorts(n int) ([]int, error) {
 			}
 			return nil, fmt.Errorf("picking a free loopback port: %w", err)
 		}
-		// Keep it open until all are picked, so they are distinct.
-		defer l.Close()
-		if port := l.Addr().(*net.TCPAddr).Port; reserve(port) {
+		// Free a moment ago; the reservation keeps the ports distinct.
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if reserve(port) {
 			ports = append(ports, port)
 		}
 	}

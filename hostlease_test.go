@@ -5,10 +5,14 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 )
 
 // TestHostLease: with a Host, a pool's elections, a semaphore's permits
@@ -28,7 +32,8 @@ func TestHostLease(t *testing.T) {
 		{"a closed client leaves the keys to the lease, as a crash", testHostLeaseClientClosed},
 		{"one owner of a key on a host", testHostLeaseClaims},
 		{"beyond KeysPerSession, sessions of the pool's own", testHostLeaseKeysPerSession},
-		{"keys etcd cannot delete: the registration leaves the lease", testHostLeaseSweepFails},
+		{"keys etcd cannot delete: the registration leaves the lease", func(t *testing.T) { testHostLeaseSweepFails(t, false) }},
+		{"keys etcd cannot delete: the registration leaves the lease, and heals though its revoke of that lease fails", func(t *testing.T) { testHostLeaseSweepFails(t, true) }},
 		{"a cut shorter than the lease: step-down, then resume on the same lease", testHostLeaseResume},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -346,12 +351,33 @@ func testHostLeaseKeysPerSession(t *testing.T) {
 	}
 }
 
-func testHostLeaseSweepFails(t *testing.T) {
+// testHostLeaseSweepFails: etcd stops; a host session's keys cannot be
+// deleted, and the registration leaves its lease. With refuseRevoke, once
+// etcd is back, the heal's revoke of the lease it left is refused (etcd
+// behind on its applying): the lease, renewed by etcd's restart, still
+// holds the host key, which the heal must take for its own.
+func testHostLeaseSweepFails(t *testing.T, refuseRevoke bool) {
 	srv, _ := newEtcd(t)
-	cli := srv.NewClient(t)
+	var (
+		mu      sync.Mutex
+		refuse  clientv3.LeaseID // the lease whose first revoke is refused
+		refused bool
+	)
+	cli := interceptedClient(t, srv.ClientConfig(), func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if r, ok := req.(*pb.LeaseRevokeRequest); ok && refuseRevoke && refuse != 0 && clientv3.LeaseID(r.ID) == refuse && !refused {
+			refused = true
+			return rpctypes.ErrGRPCRequestTooManyRequests
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	})
 	tap, log := newLogTap()
 	tap.dumpOnFailure(t)
 	h := register(t, cli, "a", LivenessOptions{TTL: time.Second, Logger: log})
+	mu.Lock()
+	refuse = h.LeaseID()
+	mu.Unlock()
 	p := ptPool(t, cli, PoolOptions{Host: h, Logger: log})
 	e := ptElection(t, p, "/hl/e")
 	if err := e.Campaign(testCtx(t), "a"); err != nil {
@@ -379,7 +405,22 @@ func testHostLeaseSweepFails(t *testing.T) {
 		t.Fatalf("Campaign while the registration heals: %v, want it to wait for the registration", err)
 	}
 	srv.Restart()
-	eventually(t, "the registration on a new lease", func() bool { return h.LeaseID() != old })
+	eventually(t, "the registration on a new lease, or ended", func() bool {
+		select {
+		case <-h.Done():
+			return true
+		default:
+			return h.LeaseID() != old
+		}
+	})
+	if err := h.Err(); err != nil {
+		t.Fatalf("the registration ended: %v", err)
+	}
+	mu.Lock()
+	if refuseRevoke && !refused {
+		t.Error("the heal's revoke of the lease it left was not refused: the test did not set up what it tests")
+	}
+	mu.Unlock()
 	eventually(t, "the election key gone with the old lease", func() bool { return len(hlLeases(t, cli, "/hl/")) == 0 })
 	if ttl, err := cli.TimeToLive(testCtx(t), old); err != nil || ttl.TTL != -1 {
 		t.Fatalf("the old lease: %v, %v; want it gone", ttl, err)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -49,6 +50,12 @@ type HostLiveness struct {
 	keep    *keeper   // the keeper of the lease held, for Healthy
 	lost    time.Time // when the registration was found lost, zero unless healing
 	lostWhy error     // why it was lost
+	// unneeded are the leases of our attempts to register, since the
+	// last that succeeded, that were not kept and whose revoke etcd has
+	// not confirmed (see drop): a put of ours on one may have landed
+	// unseen; and the lease a heal left, if its revoke failed. Once we
+	// hold the key again, none of them does.
+	unneeded []clientv3.LeaseID
 
 	mark etcdMark // the etcd of our writes
 
@@ -148,6 +155,7 @@ const (
 // lease holds the key, mode says what to do (see claim).
 func (h *HostLiveness) register(ctx context.Context, mode claim) (registration, error) {
 	var waited clientv3.LeaseID
+	over := clientv3.NoLease // the lease whose key we may write over
 	// A member without leader fails the calls at once: a heal retries on
 	// another member rather than waiting out its attempt.
 	ctx = clientv3.WithRequireLeader(ctx)
@@ -164,8 +172,9 @@ func (h *HostLiveness) register(ctx context.Context, mode claim) (registration, 
 			return registration{}, fmt.Errorf("grant lease: %w", err)
 		}
 		reg := registration{lease: g.ID, ttl: time.Duration(g.TTL) * time.Second, sent: sent}
-		// A key without a lease holds no host: write over it.
-		free := []clientv3.Cmp{clientv3.Compare(clientv3.LeaseValue(h.key), "=", clientv3.NoLease)}
+		// A key without a lease holds no host, nor does one on a lease of
+		// our earlier attempts: write over it.
+		free := []clientv3.Cmp{clientv3.Compare(clientv3.LeaseValue(h.key), "=", over)}
 		if mode == claimTakeover {
 			free = nil
 		}
@@ -179,6 +188,9 @@ func (h *HostLiveness) register(ctx context.Context, mode claim) (registration, 
 		if err == nil && resp.Succeeded {
 			reg.rev = resp.Header.Revision
 			h.published(gen, reg.lease, reg.ttl)
+			h.mu.Lock()
+			h.unneeded = nil
+			h.mu.Unlock()
 			return reg, nil
 		}
 		// Ours is not needed (yet): do not leave it to expire.
@@ -186,7 +198,21 @@ func (h *HostLiveness) register(ctx context.Context, mode claim) (registration, 
 		if err != nil {
 			return registration{}, fmt.Errorf("put host key: %w", err)
 		}
-		holder := resp.Responses[0].GetResponseRange().Kvs[0]
+		kvs := resp.Responses[0].GetResponseRange().Kvs
+		if len(kvs) == 0 {
+			// Gone since with the lease written over: free now.
+			over = clientv3.NoLease
+			continue
+		}
+		holder := kvs[0]
+		if h.isUnneeded(clientv3.LeaseID(holder.Lease)) {
+			// A put of an earlier attempt of ours that landed unseen,
+			// its lease not revoked yet (a revoke etcd did not
+			// answer): the key is ours, not another host's.
+			h.log.Debug("coord: host key on the lease of an earlier attempt of ours, writing over it", "key", h.key, "lease", hexID(clientv3.LeaseID(holder.Lease)))
+			over = clientv3.LeaseID(holder.Lease)
+			continue
+		}
 		if mode != claimWaitOut || clientv3.LeaseID(holder.Lease) == waited {
 			return registration{}, fmt.Errorf("%w: key %q held by lease %x", ErrHostExists, h.key, holder.Lease)
 		}
@@ -222,17 +248,32 @@ func (h *HostLiveness) published(gen uint64, lease clientv3.LeaseID, ttl time.Du
 // lease holds the key if our put went through unseen.
 func (h *HostLiveness) drop(ctx context.Context, id clientv3.LeaseID, ttl time.Duration) {
 	revoked := make(chan struct{})
+	h.mu.Lock()
+	h.unneeded = append(h.unneeded, id)
+	h.mu.Unlock()
 	h.drops.Add(1)
 	go func() {
 		defer h.drops.Done()
 		defer close(revoked)
 		err := revoke(context.Background(), h.cli, id, ttl)
 		h.log.Debug("coord: revoked lease", "lease", hexID(id), "err", err)
+		if err == nil {
+			h.mu.Lock()
+			h.unneeded = slices.DeleteFunc(h.unneeded, func(l clientv3.LeaseID) bool { return l == id })
+			h.mu.Unlock()
+		}
 	}()
 	select {
 	case <-revoked:
 	case <-ctx.Done():
 	}
+}
+
+// isUnneeded reports whether lease is one of our attempts' (see drop).
+func (h *HostLiveness) isUnneeded(lease clientv3.LeaseID) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Contains(h.unneeded, lease)
 }
 
 // waitOut waits until lease no longer holds the key, or would have expired
@@ -405,6 +446,13 @@ func (h *HostLiveness) heal(ctx context.Context, old clientv3.LeaseID) (registra
 	// record, which is old until a heal succeeds.
 	err := revoke(ctx, h.cli, old, h.TTL())
 	h.log.Debug("coord: revoked lease", "lease", hexID(old), "err", err)
+	if err != nil {
+		// A lease we left may still hold the key: ours to write over
+		// (see register).
+		h.mu.Lock()
+		h.unneeded = append(h.unneeded, old)
+		h.mu.Unlock()
+	}
 	var r retry
 	for attempt := 1; ; attempt++ {
 		select {

@@ -13,9 +13,11 @@ import (
 	"testing"
 	"time"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
 
 	"github.com/go-coord/coord/coordtest"
 )
@@ -348,6 +350,12 @@ func TestHostLivenessHeals(t *testing.T) {
 			t.Fatal("garbage left in place")
 		}
 	})
+	t.Run("after an attempt whose put landed unanswered, its lease's revoke failing: the next attempt writes over its own key", func(t *testing.T) {
+		testHealOverOwnAttempt(t, false)
+	})
+	t.Run("the same, the key gone with that lease just before the next attempt writes over it: the attempt after writes it afresh", func(t *testing.T) {
+		testHealOverOwnAttempt(t, true)
+	})
 	t.Run("after etcd restarts with compacted history, keeping its lease", func(t *testing.T) {
 		srv, cli := newEtcd(t)
 		ctx := testCtx(t)
@@ -373,6 +381,122 @@ func TestHostLivenessHeals(t *testing.T) {
 		kv := waitKey(t, cli, h.Key(), heldByOtherThan(lease))
 		eventually(t, "LeaseID to be the key's lease", func() bool { return clientv3.LeaseID(kv.Lease) == h.LeaseID() })
 	})
+}
+
+// testHealOverOwnAttempt: a heal's attempt puts the host key on its lease,
+// and etcd says the put timed out (it landed); the revoke of that lease
+// is refused (etcd behind on its applying), so the lease holds the key
+// when the next attempt comes. That attempt must know the lease for one
+// of its own, not another host's, and write over the key. With vanish,
+// the lease goes (revoked from outside) just before that write, which
+// then finds no key, and the attempt after writes it as free.
+func testHealOverOwnAttempt(t *testing.T, vanish bool) {
+	srv, cli := newEtcd(t)
+	key := HostsPrefix + "a"
+	var (
+		mu      sync.Mutex
+		armed   bool
+		lost    clientv3.LeaseID // the lease of the put whose answer is lost
+		refused bool             // its revoke, once
+		over    int              // Txns that write over the key on lost
+	)
+	icpt := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		mu.Lock()
+		defer mu.Unlock()
+		switch r := req.(type) {
+		case *pb.TxnRequest:
+			put := putOf(r, key)
+			if armed && lost == 0 && put != nil {
+				lost = clientv3.LeaseID(put.Lease)
+				if err := invoker(ctx, method, req, reply, cc, opts...); err != nil {
+					return err
+				}
+				// The put landed, and etcd said it timed out.
+				return rpctypes.ErrGRPCTimeout
+			}
+			if put != nil && lost != 0 && len(r.Compare) == 1 && r.Compare[0].GetLease() == int64(lost) {
+				over++
+				if vanish {
+					if _, err := cli.Revoke(ctx, lost); err != nil {
+						return err
+					}
+				}
+			}
+		case *pb.LeaseRevokeRequest:
+			if lost != 0 && clientv3.LeaseID(r.ID) == lost && !refused {
+				// An etcd behind on its applying: the lease lives on.
+				refused = true
+				return rpctypes.ErrGRPCRequestTooManyRequests
+			}
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	// The lease of the lost put outlives the next attempt.
+	h := register(t, interceptedClient(t, srv.ClientConfig(), icpt), "a", LivenessOptions{TTL: 2 * time.Second * scale})
+	mu.Lock()
+	armed = true
+	mu.Unlock()
+	old := h.LeaseID()
+	start := time.Now()
+	if _, err := cli.Revoke(testCtx(t), old); err != nil {
+		t.Fatal(err)
+	}
+	lostLease := func() clientv3.LeaseID {
+		mu.Lock()
+		defer mu.Unlock()
+		return lost
+	}
+	// Healed on a third lease, neither the first nor the lost put's.
+	var kv *mvccpb.KeyValue
+	eventually(t, "the key held by a third lease, or the registration ended", func() bool {
+		select {
+		case <-h.Done():
+			return true
+		default:
+		}
+		g, err := cli.Get(testCtx(t), key)
+		if err != nil || len(g.Kvs) == 0 {
+			return false
+		}
+		kv = g.Kvs[0]
+		l := clientv3.LeaseID(kv.Lease)
+		return lostLease() != 0 && l != 0 && l != old && l != lostLease()
+	})
+	select {
+	case <-h.Done():
+		t.Fatalf("the registration ended: %v", h.Err())
+	default:
+	}
+	eventually(t, "LeaseID to be the key's lease", func() bool { return clientv3.LeaseID(kv.Lease) == h.LeaseID() })
+	t.Logf("healed %v after the revoke, past an attempt of its own on the key", time.Since(start).Round(time.Millisecond))
+	mu.Lock()
+	wrote := over
+	mu.Unlock()
+	if wrote != 1 {
+		t.Fatalf("%d writes over the key on the lost put's lease, want 1", wrote)
+	}
+	// The lost put's lease gone at last: the key is not on it.
+	eventually(t, "the lost put's lease gone", func() bool {
+		ttl, err := cli.TimeToLive(testCtx(t), lostLease())
+		return err == nil && ttl.TTL == -1
+	})
+	g, err := cli.Get(testCtx(t), key)
+	if err != nil || len(g.Kvs) == 0 || g.Kvs[0].Lease != kv.Lease {
+		t.Fatalf("once the lost put's lease is gone: %v %v, want the key on lease %x", g, err, kv.Lease)
+	}
+	if err := h.Healthy(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// putOf returns the put of key that a Txn makes when it succeeds, or nil.
+func putOf(txn *pb.TxnRequest, key string) *pb.PutRequest {
+	for _, op := range txn.Success {
+		if p := op.GetRequestPut(); p != nil && string(p.Key) == key {
+			return p
+		}
+	}
+	return nil
 }
 
 func TestHostLivenessOwnership(t *testing.T) {

@@ -58,10 +58,11 @@ func TestBenchPrintsEveryRow(t *testing.T) {
 	// memory where they can be measured; 10 has seven for its size (the
 	// last two: a drain, a rolling restart) and, the naive plan running
 	// at another size, five more for that one; 11 has one, and 11b one;
-	// 12 two per fleet size (its updates, and its etcd replaced), and two
-	// over the sizes.
+	// 12 three per fleet size (its updates, its etcd replaced under the
+	// watchers straight to etcd, and under those through the proxy), and
+	// two over the sizes.
 	want := map[string]int{"1.": 1, "1b.": 1, "2.": 1, "3.": 1, "3b.": 1, "4.": 1, "4b.": 1, "5.": 2 * len(benchTiny.scaleSizes), "6.": 1, "7.": 3, "8.": 1, "9.": 4,
-		"10.": 7, "10b.": 5, "11.": 1, "11b.": 1, "12.": 2*len(benchTiny.wideAgents) + 2}
+		"10.": 7, "10b.": 5, "11.": 1, "11b.": 1, "12.": 3*len(benchTiny.wideAgents) + 2}
 	got := map[string]int{}
 	for _, r := range rows {
 		got[strings.Fields(r)[1]]++

@@ -43,8 +43,8 @@ type benchWideResult struct {
 	lags       benchLatencies
 	exact      int // watchers whose hosts matched etcd's at the end
 
-	// After the updates, the direct deployment only: etcd replaced under
-	// the fleet by an empty one (coord), and the same listings at once
+	// After the updates: etcd replaced under the fleet by an empty one
+	// (coord), and, in the direct deployment, the same listings at once
 	// (plain).
 	replaced, atOnce benchWideRelist
 }
@@ -58,6 +58,8 @@ type benchWideRelist struct {
 	hosts    int64         // hosts registered in etcd at the end
 	sent     int64         // bytes etcd sent meanwhile
 	cpu      time.Duration // etcd's CPU time meanwhile
+	proxyCPU time.Duration // the proxy's, if the watchers go through one
+	ownCPU   time.Duration // the agents' process's, if it can be measured
 	peak     float64       // etcd's CPU over its busiest sample (about 100 ms), in cores
 	listings []time.Time   // when each listing came
 }
@@ -78,6 +80,15 @@ func (l benchWideRelist) spread() (time.Duration, int) {
 		densest = max(densest, j-i+1)
 	}
 	return ts[len(ts)-1].Sub(ts[0]), densest
+}
+
+// own says how busy the agents' process was meanwhile, if measured.
+func (l benchWideRelist) own() string {
+	if l.ownCPU == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; the agents' process used %.1f s of CPU in %.1f s (%.2f cores)",
+		l.ownCPU.Seconds(), l.back.Seconds(), l.ownCPU.Seconds()/l.back.Seconds())
 }
 
 // String says it, for a row.
@@ -118,6 +129,9 @@ func benchWide(ctx context.Context, env *benchEnv, cfg Config) ([]benchRow, erro
 	for _, d := range direct {
 		rows = append(rows, benchWideReplacedRow(d))
 	}
+	for i, p := range proxied {
+		rows = append(rows, benchWideReplacedProxyRow(p, direct[i]))
+	}
 	return append(rows, benchWideSummary(cfg, direct, proxied)...), nil
 }
 
@@ -147,8 +161,8 @@ func benchWideRow(cfg Config, d, p benchWideResult) benchRow {
 
 // benchWideReplacedRow is the row of one fleet size's etcd replaced.
 func benchWideReplacedRow(d benchWideResult) benchRow {
-	leases := fmt.Sprintf("%s leases granted to the agents (%s if no registration lapsed), %s hosts registered at the end",
-		benchCount(int(d.replaced.grants)), benchCount(d.agents), benchCount(int(d.replaced.hosts)))
+	leases := fmt.Sprintf("%s leases granted to the agents (%s if no registration lapsed), %s hosts registered at the end%s",
+		benchCount(int(d.replaced.grants)), benchCount(d.agents), benchCount(int(d.replaced.hosts)), d.replaced.own())
 	coord, plain := fmt.Sprintf("back after %.2f s; %s; %s", d.replaced.back.Seconds(), d.replaced, leases), d.atOnce.String()
 	if d.replaced.short != "" {
 		coord = fmt.Sprintf("%s; meanwhile %s; %s", d.replaced.short, d.replaced, leases)
@@ -161,6 +175,32 @@ func benchWideReplacedRow(d benchWideResult) benchRow {
 		plain: plain,
 		ratio: benchRatio(d.replaced.peak, d.atOnce.peak, "etcd's busiest 100 ms"),
 		limit: "listings again spread, not all at once: each watcher's after etcd answers and a random pause of up to 1 s (plain: all within 100 ms); etcd's busiest 100 ms: coord's is of the whole recovery (registrations, the sets' listings), plain's of the listings alone",
+	}
+}
+
+// benchWideReplacedProxyRow is the row of one fleet size's etcd replaced
+// under the watchers through the proxy, next to the same straight to etcd.
+func benchWideReplacedProxyRow(p, d benchWideResult) benchRow {
+	recovery := func(r benchWideResult) string {
+		leases := fmt.Sprintf("%s leases granted (%s if no registration lapsed), %s hosts registered at the end%s",
+			benchCount(int(r.replaced.grants)), benchCount(r.agents), benchCount(int(r.replaced.hosts)), r.replaced.own())
+		if r.replaced.short != "" {
+			return fmt.Sprintf("%s; meanwhile etcd sent %s, CPU %.2f s; %s", r.replaced.short, benchBytes(r.replaced.sent), r.replaced.cpu.Seconds(), leases)
+		}
+		return fmt.Sprintf("back after %.2f s; etcd sent %s, CPU %.2f s; %s", r.replaced.back.Seconds(), benchBytes(r.replaced.sent), r.replaced.cpu.Seconds(), leases)
+	}
+	coord := recovery(p) + fmt.Sprintf("; proxy CPU %.2f s", p.replaced.proxyCPU.Seconds())
+	ratio := "n/a (back after)"
+	if p.replaced.short == "" && d.replaced.short == "" {
+		ratio = benchRatio(p.replaced.back.Seconds(), d.replaced.back.Seconds(), "back after")
+	}
+	return benchRow{
+		scenario: fmt.Sprintf("12. Wide fleet, same, %d agents, watchers through one gRPC proxy (leases straight to etcd): etcd replaced under the fleet by an empty one, as above; until every watcher has listed the hosts again and has every host, each registered again, and every shard is owned again (coord), against the same fleet straight to etcd (plain: the coord column of the row above)",
+			p.agents),
+		coord: coord,
+		plain: recovery(d),
+		ratio: ratio,
+		limit: "back, every registration healed once (one lease granted per agent); the proxy sends each host's Up to its watchers, etcd to the proxy's watches",
 	}
 }
 
@@ -258,19 +298,23 @@ func benchWideRun(ctx context.Context, env *benchEnv, cfg Config, n int, viaProx
 		return r, fmt.Errorf("counting leases: %w", err)
 	}
 	r.leases = len(l.Leases)
-	if err := r.measure(ctx, f, etcd, proxy, before, books); err != nil || viaProxy {
+	if err := r.measure(ctx, f, etcd, proxy, before, books); err != nil {
 		return r, err
 	}
-	if r.replaced, err = f.replaced(ctx, env, etcd, books); err != nil {
+	if r.replaced, err = f.replaced(ctx, env, etcd, proxy, books); err != nil {
 		return r, fmt.Errorf("etcd replaced: %w", err)
 	}
 	if r.replaced.short != "" {
 		// Listings measured on a fleet that has not settled would say
 		// nothing of listings alone.
-		env.progress("scenario 12: %d agents: %s", n, r.replaced.short)
+		env.progress("scenario 12: %d agents (proxy %v): %s", n, viaProxy, r.replaced.short)
 		return r, nil
 	}
-	env.progress("scenario 12: %d agents: every host back at every watcher %v after etcd was replaced", n, r.replaced.back.Round(time.Millisecond))
+	env.progress("scenario 12: %d agents (proxy %v): every host back at every watcher %v after etcd was replaced",
+		n, viaProxy, r.replaced.back.Round(time.Millisecond))
+	if viaProxy {
+		return r, nil
+	}
 	if r.atOnce, err = f.listAtOnce(ctx, etcd); err != nil {
 		return r, fmt.Errorf("listings at once: %w", err)
 	}
@@ -416,8 +460,8 @@ func (a *benchWideAgent) signal(sig coord.Signal) {
 // every watcher has listed the hosts again and has every host, each
 // registered again on the new etcd, and every shard is owned again. It
 // measures from when the new etcd serves, sampling its CPU time about
-// every 100 ms.
-func (f *benchWideFleet) replaced(ctx context.Context, env *benchEnv, etcd *benchCluster, books *clientv3.Client) (r benchWideRelist, err error) {
+// every 100 ms, and the CPU time of proxy, if not nil.
+func (f *benchWideFleet) replaced(ctx context.Context, env *benchEnv, etcd, proxy *benchCluster, books *clientv3.Client) (r benchWideRelist, err error) {
 	for _, a := range f.agents {
 		for len(a.listed) > 0 {
 			<-a.listed
@@ -430,6 +474,13 @@ func (f *benchWideFleet) replaced(ctx context.Context, env *benchEnv, etcd *benc
 		return r, err
 	}
 	t := time.Now()
+	own0, ownOK := benchProcessCPU()
+	var proxyAt benchClusterStat
+	if proxy != nil {
+		if proxyAt, err = proxy.stat(); err != nil {
+			return r, err
+		}
+	}
 	listed := make([]bool, len(f.agents))
 	s := benchCPUSampler{etcd: etcd, last: before}
 	told := t
@@ -462,6 +513,14 @@ func (f *benchWideFleet) replaced(ctx context.Context, env *benchEnv, etcd *benc
 	r.back = time.Since(t)
 	r.sent, r.cpu, r.peak = s.last.sent-before.sent, s.last.cpu-before.cpu, s.peak
 	r.grants = f.cnt.grants.Load() - grants
+	if own1, ok := benchProcessCPU(); ok && ownOK {
+		r.ownCPU = own1 - own0
+	}
+	if proxy != nil {
+		if end, perr := proxy.stat(); perr == nil {
+			r.proxyCPU = end.cpu - proxyAt.cpu
+		}
+	}
 	if g, gerr := books.Get(ctx, f.prefix+"hosts/", clientv3.WithPrefix(), clientv3.WithCountOnly()); gerr == nil {
 		r.hosts = g.Count
 	}

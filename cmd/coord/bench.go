@@ -76,10 +76,10 @@ join and a crash, next to every host campaigning for every shard on a
 lease per shard, at a size where that fits), a semaphore (scenario 11:
 Acquire → Release throughput under contention, and the handover to the
 next waiter), and a wide fleet (scenario 12: 100 to 1,000 agents, their
-watches straight to etcd or through etcd's gRPC proxy; then, straight to
-etcd, the etcd replaced by an empty one under the fleet, until every
-agent is back, next to the same listings all at once). Progress goes to
-stderr.
+watches straight to etcd or through etcd's gRPC proxy; then, in each
+deployment, the etcd replaced by an empty one under the fleet, until
+every agent is back, next to the same listings all at once straight to
+etcd). Progress goes to stderr.
 
 By default it starts an embedded single-member etcd in a temporary
 directory, for the fleet (scenario 9) a 3-member one per side in a child

@@ -173,7 +173,7 @@ func (h *HostLiveness) register(ctx context.Context, mode claim) (registration, 
 		}
 		reg := registration{lease: g.ID, ttl: time.Duration(g.TTL) * time.Second, sent: sent}
 		// A key without a lease holds no host, nor does one on a lease of
-		// our earlier attempts: write over it.
+		// ours not revoked yet (see unneeded): write over it.
 		free := []clientv3.Cmp{clientv3.Compare(clientv3.LeaseValue(h.key), "=", over)}
 		if mode == claimTakeover {
 			free = nil
@@ -200,16 +200,16 @@ func (h *HostLiveness) register(ctx context.Context, mode claim) (registration, 
 		}
 		kvs := resp.Responses[0].GetResponseRange().Kvs
 		if len(kvs) == 0 {
-			// Gone since with the lease written over: free now.
+			// Gone with the lease of ours it was on: free now.
 			over = clientv3.NoLease
 			continue
 		}
 		holder := kvs[0]
 		if h.isUnneeded(clientv3.LeaseID(holder.Lease)) {
-			// A put of an earlier attempt of ours that landed unseen,
-			// its lease not revoked yet (a revoke etcd did not
-			// answer): the key is ours, not another host's.
-			h.log.Debug("coord: host key on the lease of an earlier attempt of ours, writing over it", "key", h.key, "lease", hexID(clientv3.LeaseID(holder.Lease)))
+			// Put by an attempt of ours that landed unseen, or left
+			// on the lease we left, its revoke refused: the key is
+			// ours, not another host's.
+			h.log.Debug("coord: host key on a lease of ours not revoked yet, writing over it", "key", h.key, "lease", hexID(clientv3.LeaseID(holder.Lease)))
 			over = clientv3.LeaseID(holder.Lease)
 			continue
 		}

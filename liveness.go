@@ -160,60 +160,24 @@ func (h *HostLiveness) register(ctx context.Context, mode claim) (registration, 
 	// another member rather than waiting out its attempt.
 	ctx = clientv3.WithRequireLeader(ctx)
 	for {
-		h.mu.Lock()
-		meta, gen := h.meta, h.gen
-		h.mu.Unlock()
-		// Strings and a map of strings: encoding cannot fail. The map is
-		// never changed once recorded.
-		val, _ := json.Marshal(meta)
-		sent := time.Now()
-		g, err := h.cli.Grant(ctx, int64(h.reqTTL/time.Second))
-		if err != nil {
-			return registration{}, fmt.Errorf("grant lease: %w", err)
-		}
-		reg := registration{lease: g.ID, ttl: time.Duration(g.TTL) * time.Second, sent: sent}
-		// A key without a lease holds no host, nor does one on a lease of
-		// ours not revoked yet (see unneeded): write over it.
-		free := []clientv3.Cmp{clientv3.Compare(clientv3.LeaseValue(h.key), "=", over)}
-		if mode == claimTakeover {
-			free = nil
-		}
-		since := h.mark.at()
-		resp, err := h.cli.Txn(ctx).If(free...).
-			Then(clientv3.OpPut(h.key, string(val), clientv3.WithLease(g.ID))).
-			Else(clientv3.OpGet(h.key)).Commit()
-		if err == nil {
-			h.heard(resp.Header, since)
-		}
-		if err == nil && resp.Succeeded {
-			reg.rev = resp.Header.Revision
-			h.published(gen, reg.lease, reg.ttl)
-			h.mu.Lock()
-			h.unneeded = nil
-			h.mu.Unlock()
+		reg, holder, err := h.putKey(ctx, mode, over)
+		switch {
+		case err != nil:
+			return registration{}, err
+		case reg.lease != clientv3.NoLease:
 			return reg, nil
-		}
-		// Ours is not needed (yet): do not leave it to expire.
-		h.drop(ctx, g.ID, reg.ttl)
-		if err != nil {
-			return registration{}, fmt.Errorf("put host key: %w", err)
-		}
-		kvs := resp.Responses[0].GetResponseRange().Kvs
-		if len(kvs) == 0 {
+		case holder == nil:
 			// Gone with the lease of ours it was on: free now.
 			over = clientv3.NoLease
 			continue
-		}
-		holder := kvs[0]
-		if h.isUnneeded(clientv3.LeaseID(holder.Lease)) {
+		case h.isUnneeded(clientv3.LeaseID(holder.Lease)):
 			// Put by an attempt of ours that landed unseen, or left
 			// on the lease we left, its revoke refused: the key is
 			// ours, not another host's.
 			h.log.Debug("coord: host key on a lease of ours not revoked yet, writing over it", "key", h.key, "lease", hexID(clientv3.LeaseID(holder.Lease)))
 			over = clientv3.LeaseID(holder.Lease)
 			continue
-		}
-		if mode != claimWaitOut || clientv3.LeaseID(holder.Lease) == waited {
+		case mode != claimWaitOut || clientv3.LeaseID(holder.Lease) == waited:
 			return registration{}, fmt.Errorf("%w: key %q held by lease %x", ErrHostExists, h.key, holder.Lease)
 		}
 		waited = clientv3.LeaseID(holder.Lease)
@@ -221,6 +185,55 @@ func (h *HostLiveness) register(ctx context.Context, mode claim) (registration, 
 			return registration{}, err
 		}
 	}
+}
+
+// putKey puts the host's latest metadata on a new lease, if the key is on
+// no lease or on over (or whatever holds it, with claimTakeover), and
+// returns the registration. Else it returns the key as it found it (nil
+// if there is none), its lease not needed and dropped.
+func (h *HostLiveness) putKey(ctx context.Context, mode claim, over clientv3.LeaseID) (registration, *mvccpb.KeyValue, error) {
+	h.mu.Lock()
+	meta, gen := h.meta, h.gen
+	h.mu.Unlock()
+	// Strings and a map of strings: encoding cannot fail. The map is
+	// never changed once recorded.
+	val, _ := json.Marshal(meta)
+	sent := time.Now()
+	g, err := h.cli.Grant(ctx, int64(h.reqTTL/time.Second))
+	if err != nil {
+		return registration{}, nil, fmt.Errorf("grant lease: %w", err)
+	}
+	reg := registration{lease: g.ID, ttl: time.Duration(g.TTL) * time.Second, sent: sent}
+	// A key without a lease holds no host, nor does one on a lease of
+	// ours not revoked yet (see unneeded): write over it.
+	free := []clientv3.Cmp{clientv3.Compare(clientv3.LeaseValue(h.key), "=", over)}
+	if mode == claimTakeover {
+		free = nil
+	}
+	since := h.mark.at()
+	resp, err := h.cli.Txn(ctx).If(free...).
+		Then(clientv3.OpPut(h.key, string(val), clientv3.WithLease(g.ID))).
+		Else(clientv3.OpGet(h.key)).Commit()
+	if err == nil {
+		h.heard(resp.Header, since)
+	}
+	if err == nil && resp.Succeeded {
+		reg.rev = resp.Header.Revision
+		h.published(gen, reg.lease, reg.ttl)
+		h.mu.Lock()
+		h.unneeded = nil
+		h.mu.Unlock()
+		return reg, nil, nil
+	}
+	// Ours is not needed (yet): do not leave it to expire.
+	h.drop(ctx, g.ID, reg.ttl)
+	if err != nil {
+		return registration{}, nil, fmt.Errorf("put host key: %w", err)
+	}
+	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+		return registration{}, kvs[0], nil
+	}
+	return registration{}, nil, nil
 }
 
 // heard takes in the header of a write's answer: an etcd that replaced the

@@ -161,8 +161,7 @@ func benchWideRow(cfg Config, d, p benchWideResult) benchRow {
 
 // benchWideReplacedRow is the row of one fleet size's etcd replaced.
 func benchWideReplacedRow(d benchWideResult) benchRow {
-	leases := fmt.Sprintf("%s leases granted to the agents (%s if no registration lapsed), %s hosts registered at the end%s",
-		benchCount(int(d.replaced.grants)), benchCount(d.agents), benchCount(int(d.replaced.hosts)), d.replaced.own())
+	leases := d.replacedLeases()
 	coord, plain := fmt.Sprintf("back after %.2f s; %s; %s", d.replaced.back.Seconds(), d.replaced, leases), d.atOnce.String()
 	if d.replaced.short != "" {
 		coord = fmt.Sprintf("%s; meanwhile %s; %s", d.replaced.short, d.replaced, leases)
@@ -178,12 +177,18 @@ func benchWideReplacedRow(d benchWideResult) benchRow {
 	}
 }
 
+// replacedLeases says what became of the registrations after etcd was
+// replaced, and how busy the agents' process was meanwhile.
+func (r benchWideResult) replacedLeases() string {
+	return fmt.Sprintf("%s leases granted to the agents (%s if no registration lapsed), %s hosts registered at the end%s",
+		benchCount(int(r.replaced.grants)), benchCount(r.agents), benchCount(int(r.replaced.hosts)), r.replaced.own())
+}
+
 // benchWideReplacedProxyRow is the row of one fleet size's etcd replaced
 // under the watchers through the proxy, next to the same straight to etcd.
 func benchWideReplacedProxyRow(p, d benchWideResult) benchRow {
 	recovery := func(r benchWideResult) string {
-		leases := fmt.Sprintf("%s leases granted (%s if no registration lapsed), %s hosts registered at the end%s",
-			benchCount(int(r.replaced.grants)), benchCount(r.agents), benchCount(int(r.replaced.hosts)), r.replaced.own())
+		leases := r.replacedLeases()
 		if r.replaced.short != "" {
 			return fmt.Sprintf("%s; meanwhile etcd sent %s, CPU %.2f s; %s", r.replaced.short, benchBytes(r.replaced.sent), r.replaced.cpu.Seconds(), leases)
 		}

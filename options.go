@@ -258,8 +258,9 @@ type ShardOptions struct {
 	// for a shard we do not hold yet: a fleet starting, or a rolling
 	// restart, is ranked once it has settled, not at each join, and a
 	// shard moves once, not at every join. A member leaving does not
-	// wait: its standbys are in line already. 0 means a tenth of the TTL;
-	// negative is an error.
+	// wait: its standbys are in line already, or, if not, the next-ranked
+	// member campaigns at once. 0 means a tenth of the TTL; negative is an
+	// error.
 	Settle time.Duration
 	// TTL of the shared sessions of the shard elections (with Host, of
 	// those beyond its lease), and of the set's other timings: a whole

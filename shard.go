@@ -416,17 +416,19 @@ func (s *ShardSet) handOverLocked(w *shardWorker) {
 // the members have settled: a member joined less than Settle ago (a
 // fleet starting, a rolling restart), and more may follow, each moving
 // shards again. A shard with no owner is a failover: it never waits for
-// joins, whatever members join meanwhile. But if nobody campaigns for it
-// and we would be a standby of it, we wait until its first candidate is
-// in line, for half the TTL at most (a top member that crashed is gone
-// within the TTL, and then we rank first), or until we rank first (see
+// joins, whatever members join meanwhile; nor does one whose candidates
+// in line are all of members that left (a member closing, its member key
+// gone before its candidacies). But if no member campaigns for it and we
+// would be a standby of it, we wait until its first candidate is in line,
+// for half the TTL at most (a top member that crashed is gone within the
+// TTL, and then we rank first), or until we rank first (see
 // refreshLocked): else our candidacy, put first (the top member's put is
-// slow under a fleet's cold start), would own it only to hand it over.
-// The timer reconciles it then.
+// slow under a fleet's cold start, or held back by a join it saw), would
+// own it only to hand it over. The timer reconciles it then.
 func (s *ShardSet) waitSettleLocked(shard string) bool {
 	now := time.Now()
 	var wait time.Duration
-	if len(s.view.cands[shard]) > 0 {
+	if s.campaignedLocked(shard) {
 		wait = s.opts.Settle - now.Sub(s.settle.joined)
 	} else if s.rank.order[shard][0].HostUUID != s.opts.Self {
 		since, ok := s.settle.standbySince[shard]
@@ -453,6 +455,19 @@ func (s *ShardSet) waitSettleLocked(shard string) bool {
 		})
 	}
 	return true
+}
+
+// campaignedLocked reports whether a member campaigns for shard, or owns
+// it. A candidacy whose member key is gone is a leaver's, withdrawn soon:
+// a member announces itself before it campaigns, in the same stream of
+// events as its candidacies, so our view cannot have missed its key.
+func (s *ShardSet) campaignedLocked(shard string) bool {
+	for _, c := range s.view.cands[shard] {
+		if _, ok := s.view.members[c.host]; ok {
+			return true
+		}
+	}
+	return false
 }
 
 // whyNotLocked says why we no longer want a shard.

@@ -1118,6 +1118,7 @@ func TestShardSet(t *testing.T) {
 	t.Run("a member joining takes shards over from a live owner only once no member joined for Settle", testShardSettleHoldsMoves)
 	t.Run("a set whose host watcher etcd refuses for good ends, saying why", testShardHostsRefused)
 	t.Run("a shard whose owner left is taken at once while members keep joining: Settle holds back planned moves only", testShardFailoverAmidJoins)
+	t.Run("a shard whose only candidacy is a leaver's, its member key gone, is a failover: its first-ranked member campaigns at once, the next stands by for it", testShardLeaverCandidacy)
 	t.Run("a Host stopped before or while NewShardSet runs makes it fail with ErrHostGone, or the set end with it", testShardHostStopped)
 }
 
@@ -1375,6 +1376,49 @@ func testShardFailoverAmidJoins(t *testing.T) {
 	<-flapped
 	if evs := l.since(mark, SignalShardAcquired); len(evs) != 1 {
 		t.Fatalf("acquired since a left: %v, want b's only", evs)
+	}
+}
+
+// testShardLeaverCandidacy: a, which owned a shard, is leaving: its
+// member key is gone, its candidacy still stands (a closing set's member
+// key may go first). b ranks first now, c next; both joined within
+// Settle, b's far longer than c's. b must not wait for joins to settle (a
+// failover), and c must not go ahead of b in line (it would own the shard
+// only to hand it to b): the shard goes from a to b, and to b only.
+func testShardLeaverCandidacy(t *testing.T) {
+	srv, cli := newEtcd(t)
+	l := newShLedger()
+	shard := shRankedAs("host-a", "host-b", "host-c")
+	prefix := ShardsPrefix + shard + "/"
+	g, err := cli.Grant(testCtx(t), 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(testCtx(t), prefix+hexID(g.ID), "host-a", clientv3.WithLease(g.ID)); err != nil {
+		t.Fatal(err)
+	}
+	hs := shRegister(t, srv, "host-b", "host-c")
+	b, c := hs[0], hs[1]
+	// b's Settle outlasts the test's waits.
+	opts := ShardOptions{Shards: []string{shard}, Settle: 2 * patience()}
+	b.start(t, l, opts)
+	opts.Settle = 100 * time.Millisecond * scale
+	c.start(t, l, opts)
+	etWaitCount(t, cli, prefix, 3, clientv3.WithPrefix())
+	var line []string
+	for _, kv := range candidates(t, cli, prefix) {
+		line = append(line, string(kv.Value))
+	}
+	if !slices.Equal(line, []string{"host-a", "host-b", "host-c"}) {
+		t.Fatalf("in line: %v, want host-a, host-b, host-c", line)
+	}
+	mark := l.mark()
+	if _, err := cli.Revoke(testCtx(t), g.ID); err != nil {
+		t.Fatal(err)
+	}
+	l.waitEvent(t, mark, SignalShardAcquired, b.id, shard)
+	if evs := l.since(mark, SignalShardAcquired); len(evs) != 1 {
+		t.Fatalf("acquired since a's candidacy went: %v, want b's only", evs)
 	}
 }
 

@@ -579,8 +579,9 @@ func (h *HostLiveness) Update(ctx context.Context, meta HostMetadata) error {
 }
 
 // write records meta, for the heals to come, and puts it on our lease. It
-// reports whether the key was not ours (deleted, or without a lease): a heal
-// is under way then, which writes meta of generation gen.
+// reports whether the key was not ours (deleted, without a lease, or on a
+// lease of an attempt of ours): a heal is under way then, which writes
+// meta of generation gen.
 func (h *HostLiveness) write(ctx context.Context, meta HostMetadata) (gen uint64, healing bool, err error) {
 	val, _ := json.Marshal(meta)
 	select {
@@ -617,7 +618,9 @@ func (h *HostLiveness) write(ctx context.Context, meta HostMetadata) (gen uint64
 		h.published(gen, lease, ttl)
 		return gen, false, nil
 	}
-	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 && kvs[0].Lease != int64(clientv3.NoLease) {
+	// A lease of our attempts holds no other host (see unneeded): the
+	// next attempt writes over it.
+	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 && kvs[0].Lease != int64(clientv3.NoLease) && !h.isUnneeded(clientv3.LeaseID(kvs[0].Lease)) {
 		return 0, false, fmt.Errorf("%w: key %q held by lease %x", ErrHostExists, h.key, kvs[0].Lease)
 	}
 	return gen, true, nil

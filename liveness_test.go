@@ -356,6 +356,7 @@ func TestHostLivenessHeals(t *testing.T) {
 	t.Run("the same, the key gone with that lease just before the next attempt writes over it: the attempt after writes it afresh", func(t *testing.T) {
 		testHealOverOwnAttempt(t, true)
 	})
+	t.Run("the same, with an Update made before the next attempt: it waits for the heal to write it, the key on that lease ours", testUpdateAmidHeal)
 	t.Run("after etcd restarts with compacted history, keeping its lease", func(t *testing.T) {
 		srv, cli := newEtcd(t)
 		ctx := testCtx(t)
@@ -486,6 +487,86 @@ func testHealOverOwnAttempt(t *testing.T, vanish bool) {
 	}
 	if err := h.Healthy(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// testUpdateAmidHeal: as in testHealOverOwnAttempt, an attempt's put
+// lands unanswered and the revoke of its lease is refused. An Update made
+// before the next attempt finds the key on that lease: one of ours, so a
+// heal is under way, and the Update waits for it to write the new
+// metadata, instead of taking the key for another host's.
+func testUpdateAmidHeal(t *testing.T) {
+	srv, cli := newEtcd(t)
+	key := HostsPrefix + "a"
+	var (
+		mu    sync.Mutex
+		armed bool
+		lost  clientv3.LeaseID // the lease of the put whose answer is lost
+		once  sync.Once
+	)
+	refused := make(chan struct{}) // the revoke of lost, refused
+	updated := make(chan struct{}) // the Update's write, answered
+	icpt := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		mu.Lock()
+		switch r := req.(type) {
+		case *pb.TxnRequest:
+			put := putOf(r, key)
+			if armed && lost == 0 && put != nil {
+				lost = clientv3.LeaseID(put.Lease)
+				mu.Unlock()
+				if err := invoker(ctx, method, req, reply, cc, opts...); err != nil {
+					return err
+				}
+				return rpctypes.ErrGRPCTimeout // the put landed
+			}
+			mu.Unlock()
+			err := invoker(ctx, method, req, reply, cc, opts...)
+			if put != nil && strings.Contains(string(put.Value), `"version":"2.0"`) {
+				once.Do(func() { close(updated) })
+			}
+			return err
+		case *pb.LeaseRevokeRequest:
+			if lost != 0 && clientv3.LeaseID(r.ID) == lost && !isClosed(refused) {
+				close(refused)
+				mu.Unlock()
+				return rpctypes.ErrGRPCRequestTooManyRequests
+			}
+		case *pb.LeaseGrantRequest:
+			if isClosed(refused) {
+				// The next attempt: after the Update's write.
+				mu.Unlock()
+				select {
+				case <-updated:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+				return invoker(ctx, method, req, reply, cc, opts...)
+			}
+		}
+		mu.Unlock()
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	h := register(t, interceptedClient(t, srv.ClientConfig(), icpt), "a", LivenessOptions{TTL: 2 * time.Second * scale})
+	mu.Lock()
+	armed = true
+	mu.Unlock()
+	old := h.LeaseID()
+	if _, err := cli.Revoke(testCtx(t), old); err != nil {
+		t.Fatal(err)
+	}
+	waitClosed(t, refused, "the refused revoke of the lost put's lease")
+	m := meta("a")
+	m.Version = "2.0"
+	if err := h.Update(testCtx(t), m); err != nil {
+		t.Fatalf("Update amid the heal: %v", err)
+	}
+	g, err := cli.Get(testCtx(t), key)
+	if err != nil || len(g.Kvs) == 0 {
+		t.Fatalf("get %s: %v %v", key, g, err)
+	}
+	kv := g.Kvs[0]
+	if l := clientv3.LeaseID(kv.Lease); l == old || l == lost || l != h.LeaseID() || decodeKV(t, kv).Version != "2.0" {
+		t.Fatalf("after the Update: %s on lease %x (LeaseID %x, first %x, lost put's %x), want version 2.0 on the heal's lease", kv.Value, kv.Lease, h.LeaseID(), old, lost)
 	}
 }
 

@@ -131,9 +131,19 @@ func (n *replacedNote) get() error {
 	return n.err
 }
 
-// clear records that the lister has listed again.
+// clear records that the lister has listed again: the words told so far
+// are forgotten, with their wake-up. They are of the etcd the listing saw,
+// or of one it replaced: answers of the new etcd keep telling until a
+// listing has taken it in, and would have the set list again for nothing.
+// (A word of yet another etcd, told between the listing's answer and
+// here, is not lost: the next linearizable answer of that etcd tells
+// again, compared with the listing's.)
 func (n *replacedNote) clear() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.err = nil
+	select {
+	case <-n.wake:
+	default:
+	}
 }

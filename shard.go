@@ -458,9 +458,11 @@ func (s *ShardSet) waitSettleLocked(shard string) bool {
 }
 
 // campaignedLocked reports whether a member campaigns for shard, or owns
-// it. A candidacy whose member key is gone is a leaver's, withdrawn soon:
-// a member announces itself before it campaigns, in the same stream of
-// events as its candidacies, so our view cannot have missed its key.
+// it. A candidacy without a member key in our view is a leaver's,
+// withdrawn soon; or, for a moment, a joiner's whose member key our view
+// has not had yet (a member announces itself before it campaigns, but the
+// members and each shard's candidates are separate watches): once it
+// has, the joiner ranks, and Settle holds the moves it brings.
 func (s *ShardSet) campaignedLocked(shard string) bool {
 	for _, c := range s.view.cands[shard] {
 		if _, ok := s.view.members[c.host]; ok {

@@ -149,6 +149,8 @@ type shardWorker struct {
 	owned   Shard                   // what that Run was given
 	move    bool                    // it counts in ShardSet.moves
 	hand    bool                    // it counts in ShardSet.hands
+	queued  bool                    // its campaign waits in line, or queues again
+	requeue bool                    // its term was ended to campaign again once the set is listed again
 }
 
 // Why a Run's ctx ended, besides ErrClosed, ErrClientClosed, ErrHostGone
@@ -688,8 +690,11 @@ func (s *ShardSet) work(w *shardWorker) {
 func (s *ShardSet) beginTerm(w *shardWorker) (context.Context, context.CancelCauseFunc) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.wantLocked(w.name) || s.ctx.Err() != nil {
+	if !s.wantLocked(w.name) || s.ctx.Err() != nil || w.requeue {
 		s.forgetLocked(w)
+		// A campaign cut short when etcd was replaced goes through the
+		// rules again: a standby waits for the shard's first candidate.
+		s.reconcileLocked(w.name)
 		return nil, nil
 	}
 	term, end := context.WithCancelCause(s.ctx)
@@ -703,7 +708,9 @@ func (s *ShardSet) beginTerm(w *shardWorker) (context.Context, context.CancelCau
 func (s *ShardSet) serve(w *shardWorker, e *Election, term context.Context) {
 	var r retry
 	for term.Err() == nil {
+		s.setQueued(w, true)
 		err := e.Campaign(term, s.opts.Self)
+		s.setQueued(w, false)
 		if err == nil {
 			err = s.hold(w, e, term)
 			// Resign, not Close: we may queue again. Bounded on its own:
@@ -725,6 +732,13 @@ func (s *ShardSet) serve(w *shardWorker, e *Election, term context.Context) {
 			sleep(term, r.next())
 		}
 	}
+}
+
+// setQueued records whether w's campaign waits in line.
+func (s *ShardSet) setQueued(w *shardWorker, queued bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w.queued = queued
 }
 
 // hold runs Run from a won campaign until we must let go and Run has

@@ -1847,7 +1847,11 @@ func testShardReplaced(t *testing.T) {
 	// host watcher, which has heard nothing of the new etcd yet, finds it
 	// replaced later, and lists the hosts again, each Down then Up: the
 	// shard is let go once more; and the member first back takes shards
-	// that it hands over to the other as it comes back. A view of the
+	// that it hands over to the other as it comes back. A campaign
+	// waiting in line when the set finds etcd replaced waits for the
+	// listing, and a standby for the shard's first candidate there: else
+	// it queues again at once on the empty etcd, often before the owner,
+	// wins and hands over (3 candidacies for the shard). A view of the
 	// old etcd's candidates would hand over and win again and again.
 	puts := shCandidacies(t, srv.Client())
 	t.Logf("candidacies put on the new etcd, by shard: %v", puts)

@@ -327,6 +327,16 @@ func (s *ShardSet) forgetViewLocked() {
 		s.view.cands[shard] = map[string]candidate{}
 	}
 	s.view.candsListed, s.view.rev = false, 0
+	// The campaigns waiting in line queue again on the new etcd, where
+	// the line is empty, as soon as they find their session gone: a
+	// standby's, put before the owner's, would win and hand over. They
+	// wait for the listing instead, and for the first candidate there.
+	for _, w := range s.workers {
+		if w.queued {
+			w.requeue = true
+			w.endTerm(s.view.replaced.get())
+		}
+	}
 }
 
 // viewAtLocked records that our view of the members has reached revision

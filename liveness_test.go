@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -384,69 +385,99 @@ func TestHostLivenessHeals(t *testing.T) {
 	})
 }
 
-// testHealOverOwnAttempt: a heal's attempt puts the host key on its lease,
-// and etcd says the put timed out (it landed); the revoke of that lease
-// is refused (etcd behind on its applying), so the lease holds the key
-// when the next attempt comes. That attempt must know the lease for one
-// of its own, not another host's, and write over the key. With vanish,
-// the lease goes (revoked from outside) just before that write, which
-// then finds no key, and the attempt after writes it as free.
-func testHealOverOwnAttempt(t *testing.T, vanish bool) {
-	srv, cli := newEtcd(t)
-	key := HostsPrefix + "a"
-	var (
-		mu      sync.Mutex
-		armed   bool
-		lost    clientv3.LeaseID // the lease of the put whose answer is lost
-		refused bool             // its revoke, once
-		over    int              // Txns that write over the key on lost
-	)
-	icpt := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		mu.Lock()
-		defer mu.Unlock()
+// lostPut is a fault for a registration's heal: once armed, its first
+// put of key lands but etcd's answer is lost ("request timed out"), and
+// the first revoke of that put's lease is refused ("too many requests":
+// etcd behind on its applying), so the lease lives on with the key.
+// Other requests go through next.
+type lostPut struct {
+	key     string
+	mu      sync.Mutex
+	armed   bool
+	lease   clientv3.LeaseID // the lease of the put whose answer is lost
+	refused chan struct{}    // closed once its revoke is refused
+}
+
+func (f *lostPut) intercept(next grpc.UnaryClientInterceptor) grpc.UnaryClientInterceptor {
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		f.mu.Lock()
 		switch r := req.(type) {
 		case *pb.TxnRequest:
-			put := putOf(r, key)
-			if armed && lost == 0 && put != nil {
-				lost = clientv3.LeaseID(put.Lease)
+			if put := putOf(r, f.key); f.armed && f.lease == 0 && put != nil {
+				f.lease = clientv3.LeaseID(put.Lease)
+				f.mu.Unlock()
 				if err := invoker(ctx, method, req, reply, cc, opts...); err != nil {
 					return err
 				}
-				// The put landed, and etcd said it timed out.
-				return rpctypes.ErrGRPCTimeout
+				return rpctypes.ErrGRPCTimeout // the put landed
 			}
-			if put != nil && lost != 0 && len(r.Compare) == 1 && r.Compare[0].GetLease() == int64(lost) {
-				over++
+		case *pb.LeaseRevokeRequest:
+			if f.lease != 0 && clientv3.LeaseID(r.ID) == f.lease && !isClosed(f.refused) {
+				close(f.refused)
+				f.mu.Unlock()
+				return rpctypes.ErrGRPCRequestTooManyRequests
+			}
+		}
+		f.mu.Unlock()
+		return next(ctx, method, req, reply, cc, invoker, opts...)
+	}
+}
+
+// lost returns the lease of the put whose answer is lost, 0 before it.
+func (f *lostPut) lost() clientv3.LeaseID {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.lease
+}
+
+// newLostPut returns the fault lostPut on host "a"'s key.
+func newLostPut() *lostPut {
+	return &lostPut{key: HostsPrefix + "a", refused: make(chan struct{})}
+}
+
+// heal registers host "a" (TTL 2 s: the lease of the lost put outlives
+// the next attempt) on a client of srv with the fault f, then next; arms
+// f, and revokes the registration's lease with cli: the heal's first
+// attempt meets f. It returns the registration and its first lease.
+func (f *lostPut) heal(t *testing.T, srv *coordtest.Server, cli *clientv3.Client, next grpc.UnaryClientInterceptor) (*HostLiveness, clientv3.LeaseID) {
+	t.Helper()
+	h := register(t, interceptedClient(t, srv.ClientConfig(), f.intercept(next)), "a", LivenessOptions{TTL: 2 * time.Second * scale})
+	f.mu.Lock()
+	f.armed = true
+	f.mu.Unlock()
+	old := h.LeaseID()
+	if _, err := cli.Revoke(testCtx(t), old); err != nil {
+		t.Fatal(err)
+	}
+	return h, old
+}
+
+// testHealOverOwnAttempt: a heal's attempt meets lostPut, so the lease of
+// its put holds the key when the next attempt comes. That attempt must
+// know the lease for one of its own, not another host's, and write over
+// the key. With vanish, the lease goes (revoked from outside) just before
+// that write, which then finds no key, and the attempt after writes it as
+// free.
+func testHealOverOwnAttempt(t *testing.T, vanish bool) {
+	srv, cli := newEtcd(t)
+	key := HostsPrefix + "a"
+	var over atomic.Int32 // Txns that write over the key on the lost put's lease
+	f := newLostPut()
+	writesOver := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if r, ok := req.(*pb.TxnRequest); ok && putOf(r, key) != nil {
+			if lost := f.lost(); lost != 0 && len(r.Compare) == 1 && r.Compare[0].GetLease() == int64(lost) {
+				over.Add(1)
 				if vanish {
 					if _, err := cli.Revoke(ctx, lost); err != nil {
 						return err
 					}
 				}
 			}
-		case *pb.LeaseRevokeRequest:
-			if lost != 0 && clientv3.LeaseID(r.ID) == lost && !refused {
-				// An etcd behind on its applying: the lease lives on.
-				refused = true
-				return rpctypes.ErrGRPCRequestTooManyRequests
-			}
 		}
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
-	// The lease of the lost put outlives the next attempt.
-	h := register(t, interceptedClient(t, srv.ClientConfig(), icpt), "a", LivenessOptions{TTL: 2 * time.Second * scale})
-	mu.Lock()
-	armed = true
-	mu.Unlock()
-	old := h.LeaseID()
+	h, old := f.heal(t, srv, cli, writesOver)
 	start := time.Now()
-	if _, err := cli.Revoke(testCtx(t), old); err != nil {
-		t.Fatal(err)
-	}
-	lostLease := func() clientv3.LeaseID {
-		mu.Lock()
-		defer mu.Unlock()
-		return lost
-	}
 	// Healed on a third lease, neither the first nor the lost put's.
 	var kv *mvccpb.KeyValue
 	eventually(t, "the key held by a third lease, or the registration ended", func() bool {
@@ -461,7 +492,7 @@ func testHealOverOwnAttempt(t *testing.T, vanish bool) {
 		}
 		kv = g.Kvs[0]
 		l := clientv3.LeaseID(kv.Lease)
-		return lostLease() != 0 && l != 0 && l != old && l != lostLease()
+		return f.lost() != 0 && l != 0 && l != old && l != f.lost()
 	})
 	select {
 	case <-h.Done():
@@ -470,15 +501,12 @@ func testHealOverOwnAttempt(t *testing.T, vanish bool) {
 	}
 	eventually(t, "LeaseID to be the key's lease", func() bool { return clientv3.LeaseID(kv.Lease) == h.LeaseID() })
 	t.Logf("healed %v after the revoke, past an attempt of its own on the key", time.Since(start).Round(time.Millisecond))
-	mu.Lock()
-	wrote := over
-	mu.Unlock()
-	if wrote != 1 {
-		t.Fatalf("%d writes over the key on the lost put's lease, want 1", wrote)
+	if n := over.Load(); n != 1 {
+		t.Fatalf("%d writes over the key on the lost put's lease, want 1", n)
 	}
 	// The lost put's lease gone at last: the key is not on it.
 	eventually(t, "the lost put's lease gone", func() bool {
-		ttl, err := cli.TimeToLive(testCtx(t), lostLease())
+		ttl, err := cli.TimeToLive(testCtx(t), f.lost())
 		return err == nil && ttl.TTL == -1
 	})
 	g, err := cli.Get(testCtx(t), key)
@@ -490,71 +518,38 @@ func testHealOverOwnAttempt(t *testing.T, vanish bool) {
 	}
 }
 
-// testUpdateAmidHeal: as in testHealOverOwnAttempt, an attempt's put
-// lands unanswered and the revoke of its lease is refused. An Update made
-// before the next attempt finds the key on that lease: one of ours, so a
-// heal is under way, and the Update waits for it to write the new
-// metadata, instead of taking the key for another host's.
+// testUpdateAmidHeal: a heal's attempt meets lostPut. An Update made
+// before the next attempt finds the key on the lost put's lease: one of
+// ours, so a heal is under way, and the Update waits for it to write the
+// new metadata, instead of taking the key for another host's.
 func testUpdateAmidHeal(t *testing.T) {
 	srv, cli := newEtcd(t)
 	key := HostsPrefix + "a"
-	var (
-		mu    sync.Mutex
-		armed bool
-		lost  clientv3.LeaseID // the lease of the put whose answer is lost
-		once  sync.Once
-	)
-	refused := make(chan struct{}) // the revoke of lost, refused
 	updated := make(chan struct{}) // the Update's write, answered
-	icpt := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		mu.Lock()
+	var once sync.Once
+	f := newLostPut()
+	holdAttempt := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 		switch r := req.(type) {
 		case *pb.TxnRequest:
-			put := putOf(r, key)
-			if armed && lost == 0 && put != nil {
-				lost = clientv3.LeaseID(put.Lease)
-				mu.Unlock()
-				if err := invoker(ctx, method, req, reply, cc, opts...); err != nil {
-					return err
-				}
-				return rpctypes.ErrGRPCTimeout // the put landed
-			}
-			mu.Unlock()
 			err := invoker(ctx, method, req, reply, cc, opts...)
-			if put != nil && strings.Contains(string(put.Value), `"version":"2.0"`) {
+			if put := putOf(r, key); put != nil && strings.Contains(string(put.Value), `"version":"2.0"`) {
 				once.Do(func() { close(updated) })
 			}
 			return err
-		case *pb.LeaseRevokeRequest:
-			if lost != 0 && clientv3.LeaseID(r.ID) == lost && !isClosed(refused) {
-				close(refused)
-				mu.Unlock()
-				return rpctypes.ErrGRPCRequestTooManyRequests
-			}
 		case *pb.LeaseGrantRequest:
-			if isClosed(refused) {
+			if isClosed(f.refused) {
 				// The next attempt: after the Update's write.
-				mu.Unlock()
 				select {
 				case <-updated:
 				case <-ctx.Done():
 					return ctx.Err()
 				}
-				return invoker(ctx, method, req, reply, cc, opts...)
 			}
 		}
-		mu.Unlock()
 		return invoker(ctx, method, req, reply, cc, opts...)
 	}
-	h := register(t, interceptedClient(t, srv.ClientConfig(), icpt), "a", LivenessOptions{TTL: 2 * time.Second * scale})
-	mu.Lock()
-	armed = true
-	mu.Unlock()
-	old := h.LeaseID()
-	if _, err := cli.Revoke(testCtx(t), old); err != nil {
-		t.Fatal(err)
-	}
-	waitClosed(t, refused, "the refused revoke of the lost put's lease")
+	h, old := f.heal(t, srv, cli, holdAttempt)
+	waitClosed(t, f.refused, "the refused revoke of the lost put's lease")
 	m := meta("a")
 	m.Version = "2.0"
 	if err := h.Update(testCtx(t), m); err != nil {
@@ -565,8 +560,8 @@ func testUpdateAmidHeal(t *testing.T) {
 		t.Fatalf("get %s: %v %v", key, g, err)
 	}
 	kv := g.Kvs[0]
-	if l := clientv3.LeaseID(kv.Lease); l == old || l == lost || l != h.LeaseID() || decodeKV(t, kv).Version != "2.0" {
-		t.Fatalf("after the Update: %s on lease %x (LeaseID %x, first %x, lost put's %x), want version 2.0 on the heal's lease", kv.Value, kv.Lease, h.LeaseID(), old, lost)
+	if l := clientv3.LeaseID(kv.Lease); l == old || l == f.lost() || l != h.LeaseID() || decodeKV(t, kv).Version != "2.0" {
+		t.Fatalf("after the Update: %s on lease %x (LeaseID %x, first %x, lost put's %x), want version 2.0 on the heal's lease", kv.Value, kv.Lease, h.LeaseID(), old, f.lost())
 	}
 }
 

@@ -943,7 +943,8 @@ func TestCandidacyEdges(t *testing.T) {
 			wtPut(t, cli, "/elsewhere/", meta("x"), 0)
 		}
 		s := &signals{}
-		opts := ElectionOptions{Key: "/edge/reset", TTL: time.Second * scale, OnSignal: s.hook}
+		tap, log := newLogTap()
+		opts := ElectionOptions{Key: "/edge/reset", TTL: time.Second * scale, OnSignal: s.hook, Logger: log}
 		a, err := NewElection(testCtx(t), cli, opts)
 		if err != nil {
 			t.Fatal(err)
@@ -959,16 +960,18 @@ func TestCandidacyEdges(t *testing.T) {
 		}
 		sem := smSemaphore(t, cli, SemaphoreOptions{Key: "/edge/reset-sem", Limit: 1, TTL: time.Second * scale, OnSignal: s.hook})
 		smAcquire(t, sem)
-		waiter := smSemaphore(t, srv.NewClient(t), SemaphoreOptions{Key: "/edge/reset-sem", Limit: 1, TTL: time.Second * scale, OnSignal: s.hook})
+		waiter := smSemaphore(t, srv.NewClient(t), SemaphoreOptions{Key: "/edge/reset-sem", Limit: 1, TTL: time.Second * scale, OnSignal: s.hook, Logger: log})
 		// Each waits after a read at etcd's revision, past 300.
 		bw := startWaiter(func() error { return b.Campaign(testCtx(t), "b") }, func() bool { return true })
 		ww := startWaiter(func() error {
 			_, err := waiter.Acquire(testCtx(t))
 			return err
 		}, func() bool { return true })
-		eventually(t, "b and the waiter in line", func() bool {
-			return len(candidates(t, cli, "/edge/reset/")) == 2 && len(candidates(t, cli, "/edge/reset-sem/")) == 2
-		})
+		// In line, their puts answered: each has heard the old etcd (a put
+		// whose answer the reset cuts off is sent again, and its first
+		// answer is the new etcd's: nothing went back for it).
+		tap.wait(t, "coord: campaign waits for its turn", 1)
+		tap.wait(t, "coord: acquire waits for its turn", 1)
 		srv.Reset()
 		waitClosed(t, bw.done, "b leading on the new etcd")
 		waitClosed(t, ww.done, "the waiter's permit on the new etcd")

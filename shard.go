@@ -194,13 +194,16 @@ func NewShardSet(ctx context.Context, cli *clientv3.Client, opts ShardOptions) (
 			return nil, opErr(fmt.Sprintf("shard set of %q", opts.Self), err)
 		}
 	}
-	// The watcher tells when etcd was replaced: the members and
-	// candidates are listed again too.
-	replaced := newReplacedNote()
+	// The watcher tells when etcd was replaced: the set asks etcd
+	// whether the etcd of its view was (see checkTold).
+	told := make(chan struct{}, 1)
 	w, err := NewHostWatcher(context.Background(), cmp.Or(opts.WatchClient, cli), WatcherOptions{Prefix: opts.HostPrefix,
 		UnhealthyAfter: opts.TTL, Logger: opts.Logger, OnSignal: func(sig Signal) {
 			if sig.Kind == SignalEtcdReplaced {
-				replaced.set(sig.Err)
+				select {
+				case told <- struct{}{}:
+				default: // a word is waiting already
+				}
 			}
 			emit(opts.OnSignal, sig)
 		}})
@@ -211,7 +214,7 @@ func NewShardSet(ctx context.Context, cli *clientv3.Client, opts ShardOptions) (
 	}
 	s := newShardSet(cli, opts, pool, w)
 	s.ending.unclaim = unclaim
-	s.view.replaced = replaced
+	s.view.told = told
 	if err = s.start(ctx); err == nil {
 		s.follow()
 		return s, nil
@@ -231,7 +234,7 @@ func newShardSet(cli *clientv3.Client, opts ShardOptions, pool *ElectionPool, w 
 		starting: shardStart{hostsEnded: make(chan struct{}), ready: make(chan struct{})}, member: announcement{reannounce: make(chan struct{}, 1)},
 		ending: shardEnding{done: make(chan struct{})}, drain: drainState{idle: closedChan}, workers: map[string]*shardWorker{},
 		view: shardView{waits: map[string][]*catchWait{}, asked: map[string]time.Time{}, hosts: map[string]bool{}, members: map[string]ShardMember{},
-			cands: map[string]map[string]candidate{}},
+			cands: map[string]map[string]candidate{}, replaced: newReplacedNote()},
 		moves: moveBudget{waiting: map[string]bool{}}, hands: moveBudget{waiting: map[string]bool{}},
 		rank:   ranking{order: map[string][]rankedMember{}, ranked: map[string]bool{}, ordered: map[string]ShardMember{}},
 		settle: settleState{unsettled: map[string]bool{}, standbySince: map[string]time.Time{}}}

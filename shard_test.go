@@ -1108,6 +1108,8 @@ func TestShardSet(t *testing.T) {
 	t.Run("the shard sets carry on across an etcd restart", testShardRestart)
 	t.Run("an etcd replaced by another cluster, empty: the sets say so, list again, and own every shard again without churn", testShardReplaced)
 	t.Run("a standby that wins on an etcd reset, its view still of the old one, finds it replaced and runs the shard", testShardReplacedUnderStandby)
+	t.Run("the host watcher finding etcd reset after the set listed it: the set asks etcd, again when refused, and lists nothing again", testShardToldLate)
+	t.Run("the host watcher alone finding etcd reset: the set asks etcd, finds its view's etcd replaced, and lists again", testShardToldFirst)
 	t.Run("Close ends every Run, waits for them, hands over, and is idempotent", testShardClose)
 	t.Run("Close waits for a Run that works on past its ctx's end", testShardCloseWaitsForRun)
 	t.Run("Owner reports the owner as etcd holds it; keys that are no candidates are skipped", testShardOwner)
@@ -1948,12 +1950,107 @@ func testShardReplacedUnderStandby(t *testing.T) {
 	}
 }
 
+// testShardToldLate resets etcd under a set whose host watcher's reads
+// are held until the set has found the reset itself and listed the new
+// etcd: the watcher's word comes after. The set asks etcd whether the etcd
+// of its view was replaced; the first ask is refused, and asked again. Its
+// answer says no: taken for a word of an etcd not listed yet, the word
+// would have the set list again, and each standby queued on the new etcd
+// go through the rules again (put again).
+func testShardToldLate(t *testing.T) {
+	srv, l, a := shToldHost(t)
+	hold := newReqHold(func(req any) bool {
+		r, ok := req.(*pb.RangeRequest)
+		return ok && strings.HasPrefix(string(r.Key), HostsPrefix)
+	})
+	defer hold.release() // before the cleanups: the set and the clients close
+	var asks atomic.Int32
+	cli := interceptedClient(t, srv.ClientConfig(), func(ctx context.Context, method string, req, reply any,
+		cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if r, ok := req.(*pb.RangeRequest); ok && r.CountOnly && string(r.Key) == ShardsPrefix && asks.Add(1) == 1 {
+			return errors.New("test: the first ask refused")
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	})
+	tap, tlog := newLogTap()
+	tap.dumpOnFailure(t)
+	shard := "shard-0"
+	a.set = shSet(t, cli, a.id, l, ShardOptions{Shards: []string{shard}, Logger: tlog, WatchClient: hold.client(t, srv.ClientConfig())})
+	shSettle(t, l, []string{shard}, []*shHost{a}, []*shHost{a})
+	hold.start()
+	mark := l.mark()
+	srv.Reset()
+	l.waitEvent(t, mark, SignalShardAcquired, a.id, shard)
+	tap.wait(t, "coord: shard set: etcd was replaced or restored, listing the members and candidates again", 1)
+	hold.release()
+	tap.wait(t, "coord: etcd was replaced or restored, listing the hosts again", 1)
+	tap.wait(t, "coord: shard set: the host watcher found its etcd replaced; ours is the one listed", 1)
+	if n := asks.Load(); n != 2 {
+		t.Fatalf("the set asked etcd %d times whether it was replaced, want 2 (the first refused)", n)
+	}
+	if n := tap.count("coord: shard set: candidate watch broke, listing again"); n != 1 {
+		t.Fatalf("the set listed again %d times, want once, for the reset", n)
+	}
+	if puts := shCandidacies(t, srv.Client()); puts[shard] != 1 {
+		t.Fatalf("%d candidacies put for %s on the new etcd, want 1", puts[shard], shard)
+	}
+}
+
+// testShardToldFirst resets etcd under a set whose own requests that
+// would find the reset are held (its writes under the prefix, its reads of
+// a shard's candidates): its host watcher alone finds it. The set asks
+// etcd, finds the etcd of its view replaced, and lists again, before any
+// of those requests is answered; then owns the shard on the new etcd.
+func testShardToldFirst(t *testing.T) {
+	srv, l, a := shToldHost(t)
+	hold := newReqHold(func(req any) bool {
+		switch r := req.(type) {
+		case *pb.RangeRequest:
+			return strings.HasPrefix(string(r.Key), ShardsPrefix) && string(r.Key) != ShardsPrefix
+		case *pb.PutRequest:
+			return strings.HasPrefix(string(r.Key), ShardsPrefix)
+		case *pb.TxnRequest:
+			return slices.ContainsFunc(r.Success, func(op *pb.RequestOp) bool {
+				p := op.GetRequestPut()
+				return p != nil && strings.HasPrefix(string(p.Key), ShardsPrefix)
+			})
+		}
+		return false
+	})
+	defer hold.release() // before the cleanups: the set and its client close
+	tap, tlog := newLogTap()
+	tap.dumpOnFailure(t)
+	shard := "shard-0"
+	a.set = shSet(t, hold.client(t, srv.ClientConfig()), a.id, l, ShardOptions{Shards: []string{shard}, Logger: tlog})
+	shSettle(t, l, []string{shard}, []*shHost{a}, []*shHost{a})
+	hold.start()
+	mark := l.mark()
+	srv.Reset()
+	tap.wait(t, "coord: etcd was replaced or restored, listing the hosts again", 1)
+	tap.wait(t, "coord: shard set: etcd was replaced or restored, listing the members and candidates again", 1)
+	hold.release()
+	l.waitEvent(t, mark, SignalShardAcquired, a.id, shard)
+}
+
+// shToldHost starts an etcd whose revisions are far ahead of where a new
+// one gets in a test (a watch resumed on it is silent), with a ledger,
+// and registers host-a (see shRegister).
+func shToldHost(t *testing.T) (*coordtest.Server, *shLedger, *shHost) {
+	t.Helper()
+	srv, _ := newEtcd(t)
+	for range 300 {
+		wtPut(t, srv.Client(), "/elsewhere/", meta("x"), 0)
+	}
+	return srv, newShLedger(), shRegister(t, srv, "host-a")[0]
+}
+
 // reqHold holds, once started and until released, the unary requests of
 // its clients that match.
 type reqHold struct {
 	match    func(req any) bool
 	on       atomic.Bool
 	released chan struct{}
+	once     sync.Once
 }
 
 func newReqHold(match func(req any) bool) *reqHold {
@@ -1964,7 +2061,7 @@ func newReqHold(match func(req any) bool) *reqHold {
 func (h *reqHold) start() { h.on.Store(true) }
 
 // release lets every request held go, and holds no more.
-func (h *reqHold) release() { close(h.released) }
+func (h *reqHold) release() { h.once.Do(func() { close(h.released) }) }
 
 // client returns a client of cfg whose requests h holds.
 func (h *reqHold) client(t *testing.T, cfg clientv3.Config) *clientv3.Client {

@@ -53,11 +53,13 @@ type shardView struct {
 	rev   int64
 	waits map[string][]*catchWait
 	asked map[string]time.Time
-	// replaced holds the word that etcd was replaced (the host
-	// watcher's, or heard's), until our view is listed again; mark
-	// follows the etcd of our view, from its answers and ours.
+	// replaced holds the word that etcd was replaced (see heard), until
+	// our view is listed again; mark follows the etcd of our view, from
+	// its answers and ours; told wakes checkTold, the host watcher's word
+	// that its own etcd was replaced.
 	replaced *replacedNote
 	mark     etcdMark
+	told     chan struct{}
 }
 
 // viewGen is a view's life from a listing of the set: the watches of the
@@ -159,13 +161,19 @@ func (s *ShardSet) listedLocked(resp *clientv3.GetResponse, since *markAt, g *vi
 // ends (nil).
 func (s *ShardSet) watchMembers(g *viewGen, rev int64, r *retry) error {
 	go func() {
-		select {
-		case <-s.view.replaced.wake:
-			s.mu.Lock()
-			s.forgetViewLocked()
-			s.mu.Unlock()
-			g.cancel(s.view.replaced.get())
-		case <-g.ctx.Done():
+		for {
+			select {
+			case <-s.view.replaced.wake:
+				s.mu.Lock()
+				s.forgetViewLocked()
+				s.mu.Unlock()
+				g.cancel(s.view.replaced.get())
+				return
+			case <-s.view.told:
+				s.checkTold(g.ctx)
+			case <-g.ctx.Done():
+				return
+			}
 		}
 	}()
 	key, ctx := memberKey(s.opts.Prefix, ""), s.viewCtx(g.ctx, viewMembers)
@@ -313,6 +321,32 @@ func (s *ShardSet) shardAtLocked(f *shardFollow, rev int64) {
 func (s *ShardSet) heard(h *etcdserverpb.ResponseHeader, since *markAt) {
 	if err := s.view.mark.replacedBy(h, since); err != nil {
 		s.view.replaced.set(err)
+	}
+}
+
+// checkTold asks etcd, in ctx (our view's life), whether the etcd of our
+// view was replaced, for the host watcher said that the etcd of its view
+// was: a linearizable answer compared with what our view has seen (see
+// heard). The watcher's word alone does not say which etcd it saw: it
+// often comes after our view has listed the new etcd itself (each finds
+// a replacement its own way, and the watcher's silent watch is found
+// only by its probe), and a view listed again for nothing lets its
+// standbys go through the rules again, to be put again. A view that ends
+// before etcd answers is listed again anyway, and compared then.
+func (s *ShardSet) checkTold(ctx context.Context) {
+	for r := (retry{}); ctx.Err() == nil; sleep(ctx, r.next()) {
+		since := s.view.mark.at()
+		resp, err := s.cli.Get(ctx, s.opts.Prefix, clientv3.WithCountOnly())
+		if err != nil {
+			continue
+		}
+		if err := s.view.mark.replacedBy(resp.Header, since); err != nil {
+			s.view.replaced.set(err)
+		} else {
+			s.log.Debug("coord: shard set: the host watcher found its etcd replaced; ours is the one listed",
+				"revision", resp.Header.Revision)
+		}
+		return
 	}
 }
 

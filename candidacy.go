@@ -83,6 +83,7 @@ type candidacy struct {
 	mark    *etcdMark                               // its owner's: the etcd of its puts and reads
 	stepped *stepped                                // its owner's: terms whose keys a run may take back
 	held    func(*leadership)                       // if set, told of a term before it is announced
+	again   func(context.Context) error             // if set, asked before each queueing again: an error ends the run
 	wg      *sync.WaitGroup                         // its owner's: counts the goroutines it starts
 
 	mu sync.Mutex
@@ -105,6 +106,11 @@ func (c *candidacy) run(ctx context.Context, identity string, wait bool) (*leade
 		}
 		if !wait || ctx.Err() != nil || fatal(ctx, c.cli, err) != nil || !sleep(ctx, r.next()) {
 			return nil, err
+		}
+		if c.again != nil {
+			if err := c.again(ctx); err != nil {
+				return nil, err
+			}
 		}
 		c.log.Info("coord: "+c.words.ask+" queues again", "err", err)
 	}

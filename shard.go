@@ -195,7 +195,7 @@ func NewShardSet(ctx context.Context, cli *clientv3.Client, opts ShardOptions) (
 		}
 	}
 	// The watcher tells when etcd was replaced: the set asks etcd
-	// whether the etcd of its view was (see checkTold).
+	// whether the etcd of its view was (see askReplaced).
 	told := make(chan struct{}, 1)
 	w, err := NewHostWatcher(context.Background(), cmp.Or(opts.WatchClient, cli), WatcherOptions{Prefix: opts.HostPrefix,
 		UnhealthyAfter: opts.TTL, Logger: opts.Logger, OnSignal: func(sig Signal) {
@@ -241,6 +241,15 @@ func newShardSet(cli *clientv3.Client, opts ShardOptions, pool *ElectionPool, w 
 	for _, name := range opts.Shards {
 		s.view.cands[name] = map[string]candidate{}
 	}
+	s.view.awaited = map[string]ShardMember{}
+	s.view.awaitEnd = time.AfterFunc(time.Hour, func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		clear(s.view.awaited)
+		s.rank.refreshed = false // every shard: see waitSettleLocked
+		s.refreshLocked()
+	})
+	s.view.awaitEnd.Stop()
 	s.ctx, s.cancel = context.WithCancelCause(context.Background())
 	return s
 }
@@ -326,7 +335,7 @@ func (s *ShardSet) outranked(shard string, token int64, cands map[string]candida
 // rankOf returns what ranks host: its member record, or the defaults for
 // a member not seen yet.
 func (s *ShardSet) rankOf(host string) ShardMember {
-	if m, ok := s.view.members[host]; ok {
+	if m, _ := s.memberLocked(host); m.HostUUID != "" {
 		return m
 	}
 	return ShardMember{HostUUID: host, Weight: 1}
@@ -429,17 +438,24 @@ func (s *ShardSet) handOverLocked(w *shardWorker) {
 // TTL, and then we rank first), or until we rank first (see
 // refreshLocked): else our candidacy, put first (the top member's put is
 // slow under a fleet's cold start, or held back by a join it saw), would
-// own it only to hand it over. The timer reconciles it then.
+// own it only to hand it over. The timer reconciles it then. After etcd
+// was replaced, a top member of the old view is awaited for as long as
+// its await lasts, the TTL, instead (see awaitLocked): it comes back, and
+// campaigns, only once it has found the replacement and listed the new
+// etcd, after a pause of its own.
 func (s *ShardSet) waitSettleLocked(shard string) bool {
 	now := time.Now()
 	var wait time.Duration
 	if s.campaignedLocked(shard) {
 		wait = s.opts.Settle - now.Sub(s.settle.joined)
-	} else if s.rank.order[shard][0].HostUUID != s.opts.Self {
+	} else if top := s.rank.order[shard][0].HostUUID; top != s.opts.Self {
 		since, ok := s.settle.standbySince[shard]
 		if !ok {
 			since = now
 			s.settle.standbySince[shard] = now
+		}
+		if _, awaited := s.view.awaited[top]; awaited {
+			return true // until it campaigns, or its await ends: every shard is reconciled then
 		}
 		wait = s.opts.TTL/2 - now.Sub(since)
 	}
@@ -470,7 +486,8 @@ func (s *ShardSet) waitSettleLocked(shard string) bool {
 // has, the joiner ranks, and Settle holds the moves it brings.
 func (s *ShardSet) campaignedLocked(shard string) bool {
 	for _, c := range s.view.cands[shard] {
-		if _, ok := s.view.members[c.host]; ok {
+		_, member := s.view.members[c.host]
+		if _, awaited := s.view.awaited[c.host]; member || awaited {
 			return true
 		}
 	}
@@ -681,6 +698,7 @@ func (s *ShardSet) work(w *shardWorker) {
 			// stepped down (see stepped), pending or not when etcd
 			// answers again.
 			e.c.stepped.keep = true
+			e.c.again = func(ctx context.Context) error { return s.askReplaced(ctx, "a campaign queues again") }
 			s.serve(w, e, term)
 			e.Close()
 		}
@@ -719,7 +737,8 @@ func (s *ShardSet) serve(w *shardWorker, e *Election, term context.Context) {
 			// Resign, not Close: we may queue again. Bounded on its own:
 			// a resign cut short goes on in the background. Not after a
 			// step-down: the next campaign takes the shard back.
-			if !errors.Is(e.Err(), errUnanswered) {
+			stepped := errors.Is(e.Err(), errUnanswered)
+			if !stepped {
 				ctx, cancel := context.WithTimeout(context.Background(), s.opts.TTL)
 				w.log.Debug("coord: shard resigned", "err", e.Resign(ctx))
 				cancel()
@@ -727,6 +746,14 @@ func (s *ShardSet) serve(w *shardWorker, e *Election, term context.Context) {
 			s.mu.Lock()
 			s.endHandLocked(w)
 			s.mu.Unlock()
+			if !stepped {
+				// As before a campaign queues again (see work): a
+				// leadership that ended may have ended with etcd, and
+				// would be put again at once on the new one, before
+				// we know; in line, the campaign is held if it did.
+				s.setQueued(w, true)
+				s.askReplaced(term, "a shard's leadership ended")
+			}
 		}
 		if err == nil {
 			r = retry{}
@@ -1000,6 +1027,7 @@ func (s *ShardSet) stop(cause error) {
 	if s.settle.timer != nil {
 		s.settle.timer.Stop()
 	}
+	s.view.awaitEnd.Stop()
 	s.mu.Unlock()
 	s.w.Close()
 	s.runs.Wait()

@@ -61,7 +61,13 @@ type announcement struct {
 // member: its member key is there and its host is live.
 func (s *ShardSet) memberLocked(host string) (ShardMember, bool) {
 	m, ok := s.view.members[host]
-	return m, ok && s.view.hosts[host]
+	if ok && s.view.hosts[host] {
+		return m, true
+	}
+	if a, awaited := s.view.awaited[host]; awaited {
+		return a, true
+	}
+	return m, false
 }
 
 // selfLocked returns our member record as the others rank us.
@@ -87,14 +93,21 @@ func (s *ShardSet) rankedLocked(shard string) bool {
 func (s *ShardSet) reorderLocked() bool {
 	now := map[string]ShardMember{}
 	zones := map[string]bool{}
-	for h, m := range s.view.members {
+	take := func(h string) {
+		m, live := s.memberLocked(h)
 		if h == s.opts.Self {
 			m = s.selfLocked()
 		}
-		if s.view.hosts[h] && !m.Draining {
+		if live && !m.Draining {
 			now[h] = m
 			zones[m.Zone] = true
 		}
+	}
+	for h := range s.view.members {
+		take(h)
+	}
+	for h := range s.view.awaited {
+		take(h)
 	}
 	s.rank.zoned = len(zones) > 1
 	changed := false

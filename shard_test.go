@@ -1107,7 +1107,7 @@ func TestShardSet(t *testing.T) {
 	t.Run("a broken candidate watch is listed again", testShardBrokenWatch)
 	t.Run("the shard sets carry on across an etcd restart", testShardRestart)
 	t.Run("an etcd replaced by another cluster, empty: the sets say so, list again, and own every shard again without churn", testShardReplaced)
-	t.Run("a standby that wins on an etcd reset, its view still of the old one, finds it replaced and runs the shard", testShardReplacedUnderStandby)
+	t.Run("a standby whose session ends with an etcd reset, its view still of the old one, asks etcd before queueing again and runs the shard on one candidacy", testShardReplacedUnderStandby)
 	t.Run("the host watcher finding etcd reset after the set listed it: the set asks etcd, again when refused, and lists nothing again", testShardToldLate)
 	t.Run("the host watcher alone finding etcd reset: the set asks etcd, finds its view's etcd replaced, and lists again", testShardToldFirst)
 	t.Run("Close ends every Run, waits for them, hands over, and is idempotent", testShardClose)
@@ -1840,21 +1840,15 @@ func testShardReplaced(t *testing.T) {
 	})
 	shSettle(t, l, shards, hosts, hosts)
 	t.Logf("every shard owned again %v after etcd was replaced", time.Since(start).Round(time.Millisecond))
-	// Replicas 2: each shard's owner and standby, two candidacies if
-	// nothing is wasted (the goal). Each member puts its candidacy at
-	// most three times: a leadership that finds its session gone
-	// campaigns again at once, and its put is the set's first word of
-	// the new etcd (it wins, then the set lists again and finds itself
-	// no live member yet: its registration heals at its own pace); its
-	// host watcher, which has heard nothing of the new etcd yet, finds it
-	// replaced later, and lists the hosts again, each Down then Up: the
-	// shard is let go once more; and the member first back takes shards
-	// that it hands over to the other as it comes back. A campaign
-	// waiting in line when the set finds etcd replaced waits for the
-	// listing, and a standby for the shard's first candidate there: else
-	// it queues again at once on the empty etcd, often before the owner,
-	// wins and hands over (3 candidacies for the shard). A view of the
-	// old etcd's candidates would hand over and win again and again.
+	// Replicas 2: each shard's owner and standby, two candidacies when
+	// nothing is wasted, and the goal is fewer than three. The sets find
+	// the replacement each its own way and list the new etcd each after
+	// its own pause; their members and hosts come back as each finds its
+	// leases gone. Nothing is put before a set has listed the new etcd (a
+	// leadership that ended and a campaign that queues again ask etcd
+	// first), and the members of the old view are awaited meanwhile: the
+	// first member back takes no shard from a better-ranked one, and lets
+	// none go while its own registration heals.
 	puts := shCandidacies(t, srv.Client())
 	t.Logf("candidacies put on the new etcd, by shard: %v", puts)
 	// Each listing again is for a word of the replacement that the set
@@ -1870,8 +1864,8 @@ func testShardReplaced(t *testing.T) {
 		})
 	}
 	for _, sh := range shards {
-		if puts[sh] > 3*len(hosts) {
-			t.Fatalf("%d candidacies put for %s on the new etcd, want at most %d", puts[sh], sh, 3*len(hosts))
+		if puts[sh] > 2 {
+			t.Errorf("%d candidacies put for %s on the new etcd, want at most 2", puts[sh], sh)
 		}
 	}
 	told := func(host, key string) (error, bool) {
@@ -1898,10 +1892,13 @@ func testShardReplaced(t *testing.T) {
 // view holds the old etcd's candidacy of the owner, a, at a revision the
 // new etcd does not reach in the test. a is cut off; b's reads of the
 // hosts and the puts of its member key are held: neither its host watcher
-// nor its member key tells b. b's campaign wins, on the empty new etcd,
-// and its view says that a, better ranked, is in line behind it: a view
-// believed would have b hand over to nobody and win again, again and
-// again, until its token passed a's old revision.
+// nor its member key tells b. b's session is gone with the old etcd: its
+// campaign, queueing again, asks etcd first, finds it replaced, and is
+// held until b has listed the new etcd. (Queued at once, it would win
+// there while its view says that a, better ranked, is in line behind it:
+// a view believed would have b hand over to nobody and win again, over
+// and over, until its token passed a's old revision.) Once its member key
+// is put, b runs the shard on a single candidacy.
 func testShardReplacedUnderStandby(t *testing.T) {
 	srv, _ := newEtcd(t)
 	l := newShLedger()
@@ -1939,15 +1936,16 @@ func testShardReplacedUnderStandby(t *testing.T) {
 	a.px.Blackhole()
 	mark := l.mark()
 	srv.Reset()
+	eventually(t, "b saying etcd was replaced", func() bool { return told.Load() != nil })
+	if sig := told.Load(); sig.Host != b.id || !errors.Is(sig.Err, errEtcdReplaced) {
+		t.Fatalf("signal %+v, want one of b's set saying etcd was replaced", sig)
+	}
+	hold.release()
 	ev := l.waitEvent(t, mark, SignalShardAcquired, b.id, shard)
 	if puts := shCandidacies(t, srv.Client()); puts[shard] != 1 {
 		t.Fatalf("%d candidacies put for %s on the new etcd, want b's alone", puts[shard], shard)
 	}
 	t.Logf("b acquired %s on the new etcd with token %d", shard, ev.Token)
-	eventually(t, "b saying etcd was replaced", func() bool { return told.Load() != nil })
-	if sig := told.Load(); sig.Host != b.id || !errors.Is(sig.Err, errEtcdReplaced) {
-		t.Fatalf("signal %+v, want one of b's set saying etcd was replaced", sig)
-	}
 }
 
 // testShardToldLate resets etcd under a set whose host watcher's reads
@@ -1964,10 +1962,13 @@ func testShardToldLate(t *testing.T) {
 		return ok && strings.HasPrefix(string(r.Key), HostsPrefix)
 	})
 	defer hold.release() // before the cleanups: the set and the clients close
-	var asks atomic.Int32
+	var (
+		armed atomic.Bool  // once the set has listed the new etcd
+		asks  atomic.Int32 // asked after
+	)
 	cli := interceptedClient(t, srv.ClientConfig(), func(ctx context.Context, method string, req, reply any,
 		cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-		if r, ok := req.(*pb.RangeRequest); ok && r.CountOnly && string(r.Key) == ShardsPrefix && asks.Add(1) == 1 {
+		if r, ok := req.(*pb.RangeRequest); ok && r.CountOnly && string(r.Key) == ShardsPrefix && armed.Load() && asks.Add(1) == 1 {
 			return errors.New("test: the first ask refused")
 		}
 		return invoker(ctx, method, req, reply, cc, opts...)
@@ -1982,11 +1983,12 @@ func testShardToldLate(t *testing.T) {
 	srv.Reset()
 	l.waitEvent(t, mark, SignalShardAcquired, a.id, shard)
 	tap.wait(t, "coord: shard set: etcd was replaced or restored, listing the members and candidates again", 1)
+	armed.Store(true)
 	hold.release()
 	tap.wait(t, "coord: etcd was replaced or restored, listing the hosts again", 1)
-	tap.wait(t, "coord: shard set: the host watcher found its etcd replaced; ours is the one listed", 1)
+	tap.wait(t, "coord: shard set: etcd asked whether it was replaced: it was not", 1)
 	if n := asks.Load(); n != 2 {
-		t.Fatalf("the set asked etcd %d times whether it was replaced, want 2 (the first refused)", n)
+		t.Fatalf("the set asked etcd %d times whether it was replaced after the watcher's word, want 2 (the first refused)", n)
 	}
 	if n := tap.count("coord: shard set: candidate watch broke, listing again"); n != 1 {
 		t.Fatalf("the set listed again %d times, want once, for the reset", n)

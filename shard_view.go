@@ -55,11 +55,16 @@ type shardView struct {
 	asked map[string]time.Time
 	// replaced holds the word that etcd was replaced (see heard), until
 	// our view is listed again; mark follows the etcd of our view, from
-	// its answers and ours; told wakes checkTold, the host watcher's word
-	// that its own etcd was replaced.
+	// its answers and ours; told carries the host watcher's word that its
+	// own etcd was replaced, for askReplaced.
 	replaced *replacedNote
 	mark     etcdMark
 	told     chan struct{}
+	// awaited holds, once etcd was found replaced, the members that were
+	// live before, until the TTL has passed (awaitEnd then clears it):
+	// see memberLocked.
+	awaited  map[string]ShardMember
+	awaitEnd *time.Timer
 }
 
 // viewGen is a view's life from a listing of the set: the watches of the
@@ -170,7 +175,7 @@ func (s *ShardSet) watchMembers(g *viewGen, rev int64, r *retry) error {
 				g.cancel(s.view.replaced.get())
 				return
 			case <-s.view.told:
-				s.checkTold(g.ctx)
+				s.askReplaced(g.ctx, "the host watcher found its etcd replaced")
 			case <-g.ctx.Done():
 				return
 			}
@@ -324,30 +329,38 @@ func (s *ShardSet) heard(h *etcdserverpb.ResponseHeader, since *markAt) {
 	}
 }
 
-// checkTold asks etcd, in ctx (our view's life), whether the etcd of our
-// view was replaced, for the host watcher said that the etcd of its view
-// was: a linearizable answer compared with what our view has seen (see
-// heard). The watcher's word alone does not say which etcd it saw: it
-// often comes after our view has listed the new etcd itself (each finds
-// a replacement its own way, and the watcher's silent watch is found
-// only by its probe), and a view listed again for nothing lets its
-// standbys go through the rules again, to be put again. A view that ends
-// before etcd answers is listed again anyway, and compared then.
-func (s *ShardSet) checkTold(ctx context.Context) {
+// askReplaced asks etcd, in ctx, whether the etcd of our view was
+// replaced: a linearizable answer compared with what our view has seen
+// (see heard). It is asked for why: a word that does not say which etcd it
+// is of. The host watcher's often comes after our view has listed the new
+// etcd itself (each finds a replacement its own way, the watcher's silent
+// watch only by its probe); a campaign's session that ended is often the
+// first sign, and the campaign would queue again at once on the new etcd,
+// a standby before the owner. When it was replaced, the view is forgotten
+// at once, the campaigns waiting in line held (see forgetViewLocked), and
+// askReplaced returns the error saying so; else, or once ctx ends (a view
+// that ended is listed again anyway, and compared then), nil.
+func (s *ShardSet) askReplaced(ctx context.Context, why string) error {
 	for r := (retry{}); ctx.Err() == nil; sleep(ctx, r.next()) {
 		since := s.view.mark.at()
 		resp, err := s.cli.Get(ctx, s.opts.Prefix, clientv3.WithCountOnly())
 		if err != nil {
 			continue
 		}
-		if err := s.view.mark.replacedBy(resp.Header, since); err != nil {
-			s.view.replaced.set(err)
-		} else {
-			s.log.Debug("coord: shard set: the host watcher found its etcd replaced; ours is the one listed",
+		if err = s.view.mark.replacedBy(resp.Header, since); err == nil {
+			s.log.Debug("coord: shard set: etcd asked whether it was replaced: it was not", "why", why,
 				"revision", resp.Header.Revision)
+			return nil
 		}
-		return
+		// Told and forgotten at once, under our lock: a listing between
+		// the two would be forgotten with no word left to list again.
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.view.replaced.set(err)
+		s.forgetViewLocked()
+		return err
 	}
+	return nil
 }
 
 // forgetViewLocked forgets the candidates of our view, which are of an
@@ -361,6 +374,7 @@ func (s *ShardSet) forgetViewLocked() {
 		s.view.cands[shard] = map[string]candidate{}
 	}
 	s.view.candsListed, s.view.rev = false, 0
+	s.awaitLocked()
 	// The campaigns waiting in line queue again on the new etcd, where
 	// the line is empty, as soon as they find their session gone: a
 	// standby's, put before the owner's, would win and hand over. They
@@ -371,6 +385,23 @@ func (s *ShardSet) forgetViewLocked() {
 			w.endTerm(s.view.replaced.get())
 		}
 	}
+}
+
+// awaitLocked records the members live now as awaited on a new etcd, for
+// the TTL from now. Every lease is gone with the old etcd: each member
+// registers and announces itself again, at its own pace (a renewal that
+// finds its lease gone, a probe that finds its watch silent). Taken for
+// gone meanwhile, a member would lose its shards to the first member
+// back, only to have them handed back; and we would let ours go while our
+// own registration heals. A member that does not come back within the TTL
+// is gone: its lease, had etcd stayed, would have expired by then.
+func (s *ShardSet) awaitLocked() {
+	for h := range s.view.members {
+		if m, live := s.memberLocked(h); live {
+			s.view.awaited[h] = m
+		}
+	}
+	s.view.awaitEnd.Reset(s.opts.TTL)
 }
 
 // viewAtLocked records that our view of the members has reached revision

@@ -848,9 +848,10 @@ func (s *ShardSet) acquire(w *shardWorker, e *Election, term context.Context) (c
 		// Our view has a better-ranked candidate behind us in line that
 		// etcd's list, read where it may lag, does not show yet: ask etcd
 		// for certain. An etcd that has not reached the candidate's
-		// revision replaced the one of our view (see heard): a view of
-		// the old etcd would have us hand over to nobody, win again at
-		// once, and again, until our token passed its revisions.
+		// revision replaced the one of our view, which is forgotten at
+		// once (see heard): a view of the old etcd would have us hand
+		// over to nobody, win again at once, and again, until our token
+		// passed its revisions.
 		fresh, _ = s.line(ctx, w.key, true)
 	}
 	s.mu.Lock()
@@ -858,11 +859,7 @@ func (s *ShardSet) acquire(w *shardWorker, e *Election, term context.Context) (c
 	s.endMoveLocked(w) // moved, or handed on at once: either way, not in flight
 	done := e.Done()
 	sh := Shard{Name: w.name, Token: token, Guard: e.Guard()}
-	view := s.view.cands[w.name]
-	if s.view.replaced.get() != nil {
-		view = nil // of an etcd replaced since, listed again soon
-	}
-	if sh.Token == 0 || term.Err() != nil || s.outranked(w.name, sh.Token, view) || s.outranked(w.name, sh.Token, fresh) {
+	if sh.Token == 0 || term.Err() != nil || s.outranked(w.name, sh.Token, s.view.cands[w.name]) || s.outranked(w.name, sh.Token, fresh) {
 		w.log.Info("coord: shard won, handed over at once", "token", sh.Token)
 		return nil, nil, sh, nil
 	}

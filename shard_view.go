@@ -168,10 +168,7 @@ func (s *ShardSet) watchMembers(g *viewGen, rev int64, r *retry) error {
 	go func() {
 		for {
 			select {
-			case <-s.view.replaced.wake:
-				s.mu.Lock()
-				s.forgetViewLocked()
-				s.mu.Unlock()
+			case <-s.view.replaced.wake: // our view forgotten already: see forgetReplaced
 				g.cancel(s.view.replaced.get())
 				return
 			case <-s.view.told:
@@ -322,11 +319,24 @@ func (s *ShardSet) shardAtLocked(f *shardFollow, rev int64) {
 
 // heard takes in what h, an answer of etcd, says of it (linear: see
 // etcdMark.see): an etcd that replaced the one of our view has our view
-// forgotten, and listed again (see watchMembers).
+// forgotten at once, and listed again (see forgetReplaced).
 func (s *ShardSet) heard(h *etcdserverpb.ResponseHeader, since *markAt) {
 	if err := s.view.mark.replacedBy(h, since); err != nil {
-		s.view.replaced.set(err)
+		s.forgetReplaced(err)
 	}
+}
+
+// forgetReplaced forgets our view, of an etcd replaced as err says, and
+// wakes the lister (see watchMembers): at once, for what is decided next
+// must not be decided on the old etcd's candidates (a win there would be
+// handed over to a candidate that no longer exists); and under our lock,
+// for a listing between the two would be forgotten with no word left to
+// list again.
+func (s *ShardSet) forgetReplaced(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.view.replaced.set(err)
+	s.forgetViewLocked()
 }
 
 // askReplaced asks etcd, in ctx, whether the etcd of our view was
@@ -337,7 +347,7 @@ func (s *ShardSet) heard(h *etcdserverpb.ResponseHeader, since *markAt) {
 // watch only by its probe); a campaign's session that ended is often the
 // first sign, and the campaign would queue again at once on the new etcd,
 // a standby before the owner. When it was replaced, the view is forgotten
-// at once, the campaigns waiting in line held (see forgetViewLocked), and
+// at once, the campaigns waiting in line held (see forgetReplaced), and
 // askReplaced returns the error saying so; else, or once ctx ends (a view
 // that ended is listed again anyway, and compared then), nil.
 func (s *ShardSet) askReplaced(ctx context.Context, why string) error {
@@ -352,12 +362,7 @@ func (s *ShardSet) askReplaced(ctx context.Context, why string) error {
 				"revision", resp.Header.Revision)
 			return nil
 		}
-		// Told and forgotten at once, under our lock: a listing between
-		// the two would be forgotten with no word left to list again.
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		s.view.replaced.set(err)
-		s.forgetViewLocked()
+		s.forgetReplaced(err)
 		return err
 	}
 	return nil

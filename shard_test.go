@@ -1402,10 +1402,12 @@ func testShardLeaverCandidacy(t *testing.T) {
 	}
 	hs := shRegister(t, srv, "host-b", "host-c")
 	b, c := hs[0], hs[1]
+	tap, tlog := newLogTap()
+	tap.dumpOnFailure(t)
 	// b's Settle outlasts the test's waits.
-	opts := ShardOptions{Shards: []string{shard}, Settle: 2 * patience()}
+	opts := ShardOptions{Shards: []string{shard}, Settle: 2 * patience(), Logger: tlog.With("host", b.id)}
 	b.start(t, l, opts)
-	opts.Settle = 100 * time.Millisecond * scale
+	opts.Settle, opts.Logger = 100*time.Millisecond*scale, tlog.With("host", c.id)
 	c.start(t, l, opts)
 	etWaitCount(t, cli, prefix, 3, clientv3.WithPrefix())
 	var line []string
